@@ -1,0 +1,5 @@
+import sys
+
+from fastroute.cli import main
+
+sys.exit(main())

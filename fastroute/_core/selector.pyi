@@ -1,0 +1,30 @@
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+class Selector:
+    """Weighted rendezvous-hashing engine selector over a weight table (compiled)."""
+
+    n_engines: int
+    n_classes: int
+    def __init__(
+        self, engine_ids: Sequence[int] | npt.ArrayLike, weights: npt.ArrayLike
+    ) -> None: ...
+    @property
+    def engine_ids(self) -> np.ndarray:
+        """The engine ids, in table order (read-only)."""
+    def pick(self, key_hash: int, row: int, available: Any = None) -> int:
+        """Return the engine index for ``key_hash`` in class ``row``, or -1 if none."""
+    def rank(self, key_hash: int, row: int, k: int, available: Any = None) -> list[int]:
+        """Return up to ``k`` engine indices in rendezvous (failover) order."""
+    def pick_bounded(
+        self,
+        key_hash: int,
+        row: int,
+        loads: npt.ArrayLike,
+        balance_factor: float = 2.0,
+        available: Any = None,
+    ) -> int:
+        """Pick with a bounded-load guard (walks the ranking past overloaded engines)."""

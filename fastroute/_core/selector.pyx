@@ -1,0 +1,251 @@
+# Weighted rendezvous hashing, compiled. The spec is selector_py.py (module docstring
+# there states the algorithm, its arithmetic and its references); any divergence
+# between the two is a bug and tests/unit/test_selector.py checks parity.
+cimport cython
+from libc.math cimport INFINITY, log
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+from fastroute._core.mix cimport engine_seed, mix64, unit_open
+
+import numpy as np
+
+from fastroute._core.selector_py import prepare_weights
+
+__all__ = ["Selector"]
+
+
+cdef inline bint _before(double s, uint64_t sid, double t, uint64_t tid) noexcept nogil:
+    # Total order of the ranking: smaller score first, then smaller engine id.
+    return s < t or (s == t and sid < tid)
+
+
+cdef const uint8_t[::1] _as_mask(object available, Py_ssize_t n):
+    if isinstance(available, np.ndarray) and available.dtype == np.bool_:
+        available = available.view(np.uint8)
+    cdef const uint8_t[::1] mask = available
+    if mask.shape[0] != n:
+        raise ValueError(f"available must have shape ({n},), got ({mask.shape[0]},)")
+    return mask
+
+
+@cython.final
+cdef class Selector:
+    """Weighted rendezvous-hashing engine selector over a weight table (compiled).
+
+    Same API and same picks as ``fastroute._core.selector_py.Selector``, its spec.
+
+    Parameters
+    ----------
+    engine_ids : sequence of int
+        Stable unsigned 64-bit engine ids.
+    weights : array_like, shape (n_classes, n_engines)
+        One row per request class; non-negative and finite; zero means "never".
+    """
+
+    def __init__(self, engine_ids, weights):
+        ids, w, inv_w = prepare_weights(engine_ids, weights)
+        self.n_engines = ids.shape[0]
+        self.n_classes = w.shape[0]
+        seeds = np.empty(self.n_engines, dtype=np.uint64)
+        cdef uint64_t[::1] seeds_view = seeds
+        cdef const uint64_t[::1] ids_view = ids
+        cdef Py_ssize_t i
+        for i in range(self.n_engines):
+            seeds_view[i] = engine_seed(ids_view[i])
+        for arr in (ids, w, inv_w, seeds):
+            arr.flags.writeable = False
+        self._engine_ids = ids
+        self._weights = w
+        self._inv_w_arr = inv_w
+        self._ids = ids
+        self._w = w
+        self._inv_w = inv_w
+        self._seeds = seeds
+
+    @property
+    def engine_ids(self):
+        """The engine ids, in table order (read-only)."""
+        return self._engine_ids
+
+    cdef Py_ssize_t _pick(self, uint64_t key_hash, Py_ssize_t row,
+                          const uint8_t* available) noexcept nogil:
+        cdef Py_ssize_t i, best_i = -1, n = self.n_engines
+        cdef const double* inv_w = &self._inv_w[row, 0] if n else NULL
+        cdef const uint64_t* seeds = &self._seeds[0] if n else NULL
+        cdef double best = INFINITY, iw, u, s
+        cdef uint64_t best_id = 0
+        for i in range(n):
+            iw = inv_w[i]
+            if iw == INFINITY or (available != NULL and available[i] == 0):
+                continue
+            u = unit_open(mix64(key_hash ^ seeds[i]))
+            if (1.0 - u) * iw > best:
+                continue  # bound pruning: -ln u >= 1 - u, so this engine cannot win
+            s = -log(u) * iw
+            if best_i < 0 or _before(s, self._ids[i], best, best_id):
+                best = s
+                best_i = i
+                best_id = self._ids[i]
+        return best_i
+
+    cdef Py_ssize_t _rank(self, uint64_t key_hash, Py_ssize_t row, const uint8_t* available,
+                          Py_ssize_t k, Py_ssize_t* out_idx, double* out_score) noexcept nogil:
+        # Insertion into a sorted top-k; prune against the k-th best score.
+        cdef Py_ssize_t i, pos, m = 0, n = self.n_engines
+        cdef const double* inv_w = &self._inv_w[row, 0] if n else NULL
+        cdef const uint64_t* seeds = &self._seeds[0] if n else NULL
+        cdef double threshold = INFINITY, iw, u, s
+        cdef uint64_t sid
+        for i in range(n):
+            iw = inv_w[i]
+            if iw == INFINITY or (available != NULL and available[i] == 0):
+                continue
+            u = unit_open(mix64(key_hash ^ seeds[i]))
+            if (1.0 - u) * iw > threshold:
+                continue
+            s = -log(u) * iw
+            sid = self._ids[i]
+            if m == k:
+                if not _before(s, sid, out_score[m - 1], self._ids[out_idx[m - 1]]):
+                    continue
+                m -= 1
+            pos = m
+            while pos > 0 and _before(s, sid, out_score[pos - 1], self._ids[out_idx[pos - 1]]):
+                out_score[pos] = out_score[pos - 1]
+                out_idx[pos] = out_idx[pos - 1]
+                pos -= 1
+            out_score[pos] = s
+            out_idx[pos] = i
+            m += 1
+            if m == k:
+                threshold = out_score[m - 1]
+        return m
+
+    cdef void _check_row(self, Py_ssize_t row) except *:
+        if row < 0 or row >= self.n_classes:
+            raise IndexError(f"row {row} out of range for {self.n_classes} classes")
+
+    cdef Py_ssize_t _pick_masked(self, uint64_t key_hash, Py_ssize_t row,
+                                 object available) except -2:
+        # Kept apart from pick() so the unmasked call carries no memoryview locals.
+        cdef const uint8_t[::1] mask = _as_mask(available, self.n_engines)
+        return self._pick(key_hash, row, &mask[0] if self.n_engines else NULL)
+
+    def pick(self, uint64_t key_hash, Py_ssize_t row, available=None):
+        """Return the engine index for ``key_hash`` in class ``row``, or -1 if none.
+
+        Parameters
+        ----------
+        key_hash : int
+            Unsigned 64-bit hash of the routing key.
+        row : int
+            Class row of the weight table.
+        available : ndarray of bool or uint8, shape (n_engines,), optional
+            Engines with a zero entry are skipped (ejected, unhealthy).
+        """
+        if row < 0 or row >= self.n_classes:
+            self._check_row(row)
+        if available is None:
+            return self._pick(key_hash, row, NULL)
+        return self._pick_masked(key_hash, row, available)
+
+    def rank(self, uint64_t key_hash, Py_ssize_t row, Py_ssize_t k, available=None):
+        """Return up to ``k`` engine indices in rendezvous (failover) order."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self._check_row(row)
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        if available is not None:
+            mask = _as_mask(available, self.n_engines)
+            if self.n_engines:
+                mask_ptr = &mask[0]
+        if k > self.n_engines:
+            k = self.n_engines
+        if k == 0:
+            return []
+        cdef Py_ssize_t small_idx[8]
+        cdef double small_score[8]
+        cdef Py_ssize_t* out_idx = small_idx
+        cdef double* out_score = small_score
+        cdef Py_ssize_t m, j
+        if k > 8:
+            out_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+            out_score = <double*>malloc(k * sizeof(double))
+            if out_idx == NULL or out_score == NULL:
+                free(out_idx)
+                free(out_score)
+                raise MemoryError()
+        try:
+            m = self._rank(key_hash, row, mask_ptr, k, out_idx, out_score)
+            return [out_idx[j] for j in range(m)]
+        finally:
+            if k > 8:
+                free(out_idx)
+                free(out_score)
+
+    def pick_bounded(self, uint64_t key_hash, Py_ssize_t row, loads,
+                     double balance_factor=2.0, available=None):
+        """Pick with a bounded-load guard; see the pure-Python spec for the rule."""
+        if not balance_factor >= 1.0:
+            raise ValueError(f"balance_factor must be >= 1, got {balance_factor}")
+        self._check_row(row)
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        if available is not None:
+            mask = _as_mask(available, self.n_engines)
+            if self.n_engines:
+                mask_ptr = &mask[0]
+        cdef const int64_t[:] load = np.asarray(loads, dtype=np.int64)
+        if load.shape[0] != self.n_engines:
+            raise ValueError(
+                f"loads must have shape ({self.n_engines},), got ({load.shape[0]},)")
+        cdef Py_ssize_t first = self._pick(key_hash, row, mask_ptr)
+        if first < 0:
+            return -1
+        cdef Py_ssize_t i, n = self.n_engines, m = 0, j, best_j
+        cdef double total_w = 0.0, scale
+        cdef int64_t total_load = 0
+        cdef const double* w = &self._w[row, 0]
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        for i in range(n):
+            if inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0):
+                total_w += w[i]
+                total_load += load[i]
+        scale = balance_factor * <double>(total_load + 1) / total_w
+        if <double>(load[first] + 1) <= scale * w[first]:
+            return first
+        # Rare path: walk the full ranking. Scores of every eligible engine, then
+        # repeated selection of the next (score, id) in order; the walk is short.
+        cdef Py_ssize_t* idx = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t))
+        cdef double* score = <double*>malloc(n * sizeof(double))
+        cdef bint* used = <bint*>malloc(n * sizeof(bint))
+        if idx == NULL or score == NULL or used == NULL:
+            free(idx)
+            free(score)
+            free(used)
+            raise MemoryError()
+        cdef Py_ssize_t result = first
+        with nogil:
+            for i in range(n):
+                if inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0):
+                    idx[m] = i
+                    score[m] = -log(unit_open(mix64(key_hash ^ self._seeds[i]))) * inv_w[i]
+                    used[m] = False
+                    m += 1
+            for _ in range(m):
+                best_j = -1
+                for j in range(m):
+                    if not used[j] and (best_j < 0 or _before(
+                            score[j], self._ids[idx[j]], score[best_j], self._ids[idx[best_j]])):
+                        best_j = j
+                used[best_j] = True
+                i = idx[best_j]
+                if <double>(load[i] + 1) <= scale * w[i]:
+                    result = i
+                    break
+        free(idx)
+        free(score)
+        free(used)
+        return result

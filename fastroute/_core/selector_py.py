@@ -1,0 +1,268 @@
+"""Weighted rendezvous hashing: the pure-Python specification of the compiled selector.
+
+This module is the spec. ``selector.pyx`` implements exactly the same arithmetic in a
+``nogil`` loop; any divergence between the two is a bug (uvloop's rule for its
+reference implementation), and ``tests/unit/test_selector.py`` checks parity.
+
+Algorithm (Schindelhauer & Schomaker, "Weighted distributed hash tables", SPAA 2005;
+logarithmic method, equivalently P-MinHash, Moulton & Jiang, arXiv:1809.04052):
+
+* every engine ``i`` has a seed ``s_i = mix64(engine_id_i XOR 0x9E3779B97F4A7C15)``,
+  derived from its stable 64-bit id, never from its list position, so picks do not
+  depend on engine order, process or host;
+* for a key hash ``k``: ``u_i = ((mix64(k XOR s_i) >> 12) + 0.5) * 2**-52`` in (0, 1)
+  and the score is ``-ln(u_i) / w_i``, an Exp(w_i) variate; the engine with the
+  **smallest** score wins (an exponential race: engine ``i`` wins with probability
+  ``w_i / sum(w)``), ties broken by the smaller engine id;
+* ``rank`` orders engines by ``(score, engine id)``: the failover order. Removing an
+  engine moves only its keys, each to its runner-up.
+
+Arithmetic, shared bit for bit with the compiled core:
+
+* each weight row is divided by its maximum (``w_i = weight_i / max(row)``, scale
+  does not change the race) and ``inv_w_i = 1 / w_i``; weights below
+  ``ZERO_WEIGHT_RATIO`` times the row maximum count as zero ("never");
+* bound pruning: ``-ln u >= 1 - u``, so an engine whose ``(1 - u) * inv_w`` already
+  exceeds the current k-th best score is skipped without calling ``log``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Selector", "mix64", "engine_seed", "unit_open", "ZERO_WEIGHT_RATIO"]
+
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_SEED_SALT = 0x9E3779B97F4A7C15
+#: Weights below this fraction of their row's maximum count as zero. It keeps every
+#: score finite (-ln u <= 36.8 for u >= 2**-53).
+ZERO_WEIGHT_RATIO = 1e-300
+
+
+def mix64(z: int) -> int:
+    """splitmix64 finaliser (Stafford "Mix13"): a bijection on 64-bit integers."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def engine_seed(engine_id: int) -> int:
+    """The rendezvous seed of an engine, from its stable 64-bit id."""
+    return mix64(engine_id ^ _SEED_SALT)
+
+
+def unit_open(h: int) -> float:
+    """Map the top 52 hash bits to a double strictly inside (0, 1), exactly.
+
+    52, not 53 bits: ``(2**53 - 1) + 0.5`` is not representable and rounds to
+    ``2**53``, which would make ``u == 1`` and the score 0 for one hash in 2**53.
+    """
+    return (float(h >> 12) + 0.5) * 2.220446049250313e-16
+
+
+def prepare_weights(engine_ids: Any, weights: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validate a table; return ``(ids uint64[n], w float64[c, n], inv_w float64[c, n])``.
+
+    Shared by both implementations so that they normalise identically.
+    """
+    ids = np.ascontiguousarray(engine_ids, dtype=np.uint64)
+    if ids.ndim != 1:
+        raise ValueError(f"engine_ids must be 1-D, got shape {ids.shape}")
+    if len(np.unique(ids)) != len(ids):
+        raise ValueError("engine_ids must be unique")
+    w = np.array(weights, dtype=np.float64, order="C", copy=True)
+    if w.ndim != 2:
+        raise ValueError(f"weights must be 2-D [n_classes, n_engines], got shape {w.shape}")
+    if w.shape[1] != ids.shape[0]:
+        raise ValueError(
+            f"weights has {w.shape[1]} columns but there are {ids.shape[0]} engine ids"
+        )
+    if not np.all(np.isfinite(w)):
+        raise ValueError("weights must be finite (no NaN or inf)")
+    if np.any(w < 0):
+        raise ValueError("weights must be non-negative")
+    if w.shape[1]:
+        row_max = w.max(axis=1, keepdims=True)
+        np.divide(w, row_max, out=w, where=row_max > 0)
+    w[w < ZERO_WEIGHT_RATIO] = 0.0
+    with np.errstate(divide="ignore"):
+        inv_w = np.where(w > 0, 1.0 / np.where(w > 0, w, 1.0), np.inf)
+    return ids, w, np.ascontiguousarray(inv_w)
+
+
+def _check_key(key_hash: int) -> int:
+    if not 0 <= key_hash <= _MASK64:
+        raise OverflowError(f"key_hash must be an unsigned 64-bit integer, got {key_hash}")
+    return key_hash
+
+
+class Selector:
+    """Weighted rendezvous-hashing engine selector over a weight table (pure Python).
+
+    Parameters
+    ----------
+    engine_ids : sequence of int
+        Stable unsigned 64-bit engine ids (for example ``fastroute.hashing.engine_id(name)``).
+    weights : array_like, shape (n_classes, n_engines)
+        One row per request class; non-negative and finite; zero means "never".
+
+    Notes
+    -----
+    The compiled ``fastroute._core.selector.Selector`` has the same API and returns
+    the same picks; this class is its specification.
+    """
+
+    def __init__(self, engine_ids: Sequence[int] | np.ndarray, weights: Any) -> None:
+        ids, w, inv_w = prepare_weights(engine_ids, weights)
+        self.n_engines: int = int(ids.shape[0])
+        self.n_classes: int = int(w.shape[0])
+        self._engine_ids = ids
+        self._ids = [int(x) for x in ids]
+        self._seeds = [engine_seed(x) for x in self._ids]
+        self._w = w.tolist()
+        self._inv_w = inv_w.tolist()
+
+    @property
+    def engine_ids(self) -> np.ndarray:
+        """The engine ids, in table order (read-only)."""
+        view = self._engine_ids.view()
+        view.flags.writeable = False
+        return view
+
+    def _check(self, key_hash: int, row: int, available: Any) -> list[bool] | None:
+        _check_key(key_hash)
+        if not 0 <= row < self.n_classes:
+            raise IndexError(f"row {row} out of range for {self.n_classes} classes")
+        if available is None:
+            return None
+        mask = np.asarray(available)
+        if mask.shape != (self.n_engines,):
+            raise ValueError(f"available must have shape ({self.n_engines},), got {mask.shape}")
+        return [bool(x) for x in mask]
+
+    def _rank(self, key_hash: int, row: int, mask: list[bool] | None, k: int) -> list[int]:
+        inv_w = self._inv_w[row]
+        ids = self._ids
+        best: list[tuple[float, int, int]] = []  # (score, engine id, index), sorted
+        threshold = math.inf
+        for i, seed in enumerate(self._seeds):
+            iw = inv_w[i]
+            if iw == math.inf or (mask is not None and not mask[i]):
+                continue
+            u = unit_open(mix64(key_hash ^ seed))
+            if (1.0 - u) * iw > threshold:
+                continue  # bound pruning: -ln u >= 1 - u
+            entry = (-math.log(u) * iw, ids[i], i)
+            if len(best) == k:
+                if entry[:2] >= best[-1][:2]:
+                    continue
+                best.pop()
+            pos = len(best)
+            while pos > 0 and entry[:2] < best[pos - 1][:2]:
+                pos -= 1
+            best.insert(pos, entry)
+            if len(best) == k:
+                threshold = best[-1][0]
+        return [i for _, _, i in best]
+
+    def pick(self, key_hash: int, row: int, available: Any = None) -> int:
+        """Return the engine index for ``key_hash`` in class ``row``, or -1 if none.
+
+        Parameters
+        ----------
+        key_hash : int
+            Unsigned 64-bit hash of the routing key (``fastroute.hashing.key_hash``).
+        row : int
+            Class row of the weight table.
+        available : array_like of bool or uint8, shape (n_engines,), optional
+            Engines with a false/zero entry are skipped (ejected, unhealthy).
+
+        Returns
+        -------
+        int
+            Index into ``engine_ids``; -1 when no engine of the row has weight > 0
+            and is available.
+        """
+        mask = self._check(key_hash, row, available)
+        ranked = self._rank(key_hash, row, mask, 1)
+        return ranked[0] if ranked else -1
+
+    def rank(self, key_hash: int, row: int, k: int, available: Any = None) -> list[int]:
+        """Return up to ``k`` engine indices in rendezvous (failover) order.
+
+        ``rank(h, row, k)[0] == pick(h, row)``; fewer than ``k`` are returned when
+        fewer engines are eligible.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        mask = self._check(key_hash, row, available)
+        return self._rank(key_hash, row, mask, min(k, self.n_engines))
+
+    def pick_bounded(
+        self,
+        key_hash: int,
+        row: int,
+        loads: Any,
+        balance_factor: float = 2.0,
+        available: Any = None,
+    ) -> int:
+        """Pick with a bounded-load guard (Mirrokni, Thorup, Zadimoghaddam, SODA 2018).
+
+        Walks the rendezvous ranking and returns the first engine whose load stays
+        within ``balance_factor`` times its weighted fair share:
+        ``loads[e] + 1 <= balance_factor * (total + 1) * w_e / W``, where ``total`` and
+        ``W`` sum the loads and weights of the row's eligible engines. If none
+        qualifies, the plain pick is returned. Loose factors (about 2) keep KV-cache
+        affinity in normal operation and only spill hot keys under overload.
+
+        Parameters
+        ----------
+        loads : array_like of int64, shape (n_engines,)
+            Current load per engine (in-flight requests or tokens).
+        balance_factor : float
+            ``c >= 1``; default 2.0.
+        """
+        if not balance_factor >= 1.0:
+            raise ValueError(f"balance_factor must be >= 1, got {balance_factor}")
+        mask = self._check(key_hash, row, available)
+        load = np.asarray(loads)
+        if load.shape != (self.n_engines,):
+            raise ValueError(f"loads must have shape ({self.n_engines},), got {load.shape}")
+        load_list = [int(x) for x in load]
+        first = self._rank(key_hash, row, mask, 1)
+        if not first:
+            return -1
+        w = self._w[row]
+        eligible = [
+            i
+            for i in range(self.n_engines)
+            if self._inv_w[row][i] != math.inf and (mask is None or mask[i])
+        ]
+        total_w = 0.0
+        total_load = 0
+        for i in eligible:
+            total_w += w[i]
+            total_load += load_list[i]
+        scale = balance_factor * float(total_load + 1) / total_w
+
+        def within_bound(i: int) -> bool:
+            return float(load_list[i] + 1) <= scale * w[i]
+
+        if within_bound(first[0]):
+            return first[0]
+        inv_w = self._inv_w[row]
+        order = sorted(
+            eligible,
+            key=lambda i: (
+                -math.log(unit_open(mix64(key_hash ^ self._seeds[i]))) * inv_w[i],
+                self._ids[i],
+            ),
+        )
+        for i in order:
+            if within_bound(i):
+                return i
+        return first[0]

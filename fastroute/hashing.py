@@ -1,0 +1,37 @@
+"""Stable key hashing for routing.
+
+Routing keys must hash identically in every worker process and on every host, so
+fastroute never uses Python's per-process salted ``hash()``. Keys are hashed with
+xxh3-64 (seed 0); ``str`` keys are encoded as UTF-8 first.
+"""
+
+from __future__ import annotations
+
+from xxhash import xxh3_64_intdigest
+
+__all__ = ["key_hash", "engine_id"]
+
+
+def key_hash(data: bytes | bytearray | memoryview | str) -> int:
+    """Return the 64-bit xxh3 hash of a routing key.
+
+    Parameters
+    ----------
+    data : bytes, bytearray, memoryview or str
+        The key. ``str`` is encoded as UTF-8.
+
+    Returns
+    -------
+    int
+        An unsigned 64-bit integer, the same in every process and on every host.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    elif not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"key_hash() takes bytes or str, not {type(data).__name__}")
+    return xxh3_64_intdigest(data)
+
+
+def engine_id(name: str) -> int:
+    """Return the stable 64-bit id of an engine named ``name`` (its :func:`key_hash`)."""
+    return key_hash(name)
