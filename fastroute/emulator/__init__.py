@@ -1,0 +1,50 @@
+"""Engine emulator: vLLM-compatible fake engines driven by a real performance model.
+
+* :mod:`~fastroute.emulator.model` — the engine performance model (continuous
+  batching, chunked prefill, paged KV cache with prefix caching, preemption,
+  calibrated step times, P/D KV transfer). No I/O, clock injected; the simulator
+  uses it too.
+* :mod:`~fastroute.emulator.profiles` — hardware profiles (h100, a100, a40, l4)
+  derived from datasheet figures for Llama-3-8B.
+* :mod:`~fastroute.emulator.tokens` — the tokenizer approximation and chat template.
+* :mod:`~fastroute.emulator.server` — the aiohttp server (OpenAI API, SSE, vLLM
+  metrics, P/D protocol) and :class:`EmulatedFleet` for tests and benchmarks.
+* :mod:`~fastroute.emulator.faults` — fault injection.
+
+This package imports no aiohttp at import time; import
+:mod:`fastroute.emulator.server` for the server side. See ``docs/emulator.md``.
+"""
+
+from fastroute.emulator.model import (
+    EngineConfig,
+    EngineModel,
+    OutputLengthDistribution,
+    Phase,
+    QueueFullError,
+    Request,
+    RequestTooLongError,
+    StepResult,
+    replay,
+)
+from fastroute.emulator.profiles import PROFILES, HardwareProfile, derive_profile, get_profile
+from fastroute.emulator.tokens import TokenizedPrompt, render_chat, tokenize_ids, tokenize_text
+
+__all__ = [
+    "EngineConfig",
+    "EngineModel",
+    "HardwareProfile",
+    "OutputLengthDistribution",
+    "PROFILES",
+    "Phase",
+    "QueueFullError",
+    "Request",
+    "RequestTooLongError",
+    "StepResult",
+    "TokenizedPrompt",
+    "derive_profile",
+    "get_profile",
+    "render_chat",
+    "replay",
+    "tokenize_ids",
+    "tokenize_text",
+]

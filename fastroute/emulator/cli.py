@@ -1,0 +1,139 @@
+"""``fastroute engine``: run N emulated vLLM engines in one process, one port each.
+
+Heavy imports (aiohttp, uvloop) happen in :func:`run`, so ``fastroute --help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``engine`` subcommand's options to ``parser``."""
+    from fastroute.emulator.profiles import PROFILES
+
+    parser.add_argument("--count", type=int, default=1, help="engines to run (default 1)")
+    parser.add_argument(
+        "--base-port", type=int, default=8100,
+        help="port of the first engine; engine i listens on base+i (0: ephemeral ports)",
+    )  # fmt: skip
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
+    parser.add_argument("--profile", default="a40", choices=sorted(PROFILES))
+    parser.add_argument(
+        "--model", default="meta-llama/Meta-Llama-3-8B-Instruct", help="served model name"
+    )
+    parser.add_argument("--role", default="both", choices=["both", "prefill", "decode"])
+    parser.add_argument("--region", default="", help="region label (fastroute_emulator_info)")
+    parser.add_argument("--seed", type=int, default=0, help="engine i uses seed+i")
+    parser.add_argument("--name-prefix", default="engine", help="engines are named PREFIX-i")
+    parser.add_argument(
+        "--metrics-compat", default="current", choices=["current", "legacy", "both"],
+        help="vLLM metric names: current (kv_cache_usage_perc), legacy (gpu_cache_usage_perc)",
+    )  # fmt: skip
+    parser.add_argument("--load-time-s", type=float, default=0.0, help="/health is 503 this long")
+    sched = parser.add_argument_group("scheduler")
+    sched.add_argument("--max-num-seqs", type=int, default=256)
+    sched.add_argument("--max-num-batched-tokens", type=int, default=None)
+    sched.add_argument("--max-model-len", type=int, default=None)
+    sched.add_argument("--num-blocks", type=int, default=None, help="override KV capacity")
+    sched.add_argument("--max-waiting", type=int, default=1024, help="then 429")
+    sched.add_argument("--no-prefix-caching", action="store_true")
+    sched.add_argument("--kv-transfer-timeout-s", type=float, default=480.0)
+    faults = parser.add_argument_group("faults (also live: POST /admin/fault)")
+    faults.add_argument("--slowdown", type=float, default=1.0, help="step-time multiplier")
+    faults.add_argument("--error-rate", type=float, default=0.0)
+    faults.add_argument("--error-status", type=int, default=500, choices=[429, 500, 503])
+    faults.add_argument("--hang", action="store_true", help="accept requests, never answer")
+    faults.add_argument("--crash-after-tokens", type=int, default=None)
+    faults.add_argument("--metrics-delay-s", type=float, default=0.0)
+    faults.add_argument("--drain", action="store_true")
+    faults.add_argument(
+        "--refuse-for-s", type=float, default=None,
+        help="start with the listener closed for this long",
+    )  # fmt: skip
+
+
+def _specs(args: argparse.Namespace) -> list:
+    from fastroute.emulator.faults import FaultState
+    from fastroute.emulator.model import EngineConfig
+    from fastroute.emulator.server import fleet_specs
+
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        num_blocks=args.num_blocks,
+        max_waiting=args.max_waiting,
+        enable_prefix_caching=not args.no_prefix_caching,
+        kv_transfer_timeout_s=args.kv_transfer_timeout_s,
+    )
+    faults = FaultState(
+        slowdown=args.slowdown,
+        error_rate=args.error_rate,
+        error_status=args.error_status,
+        hang=args.hang,
+        crash_after_tokens=args.crash_after_tokens,
+        refuse_connections=args.refuse_for_s is not None,
+        refuse_for_s=args.refuse_for_s,
+        metrics_delay_s=args.metrics_delay_s,
+        drain=args.drain,
+    )
+    faults.validate()
+    return fleet_specs(
+        args.count,
+        base_port=args.base_port,
+        name_prefix=args.name_prefix,
+        seed=args.seed,
+        model_name=args.model,
+        profile=args.profile,
+        role=args.role,
+        region=args.region,
+        host=args.host,
+        config=config,
+        faults=faults,
+        metrics_compat=args.metrics_compat,
+        load_time_s=args.load_time_s,
+    )
+
+
+async def _serve(specs: list) -> None:
+    from fastroute.emulator.server import EmulatedFleet
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    fleet = EmulatedFleet(specs)
+    await fleet.start()
+    try:
+        for engine in fleet.engines:
+            print(f"engine {engine.name} listening on {engine.url}", flush=True)
+        await stop.wait()
+    finally:
+        await fleet.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the engines until SIGINT/SIGTERM; return the exit status."""
+    if args.count < 1:
+        print("fastroute engine: --count must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        specs = _specs(args)
+    except ValueError as exc:
+        print(f"fastroute engine: {exc}", file=sys.stderr)
+        return 2
+    import uvloop
+
+    try:
+        uvloop.run(_serve(specs))
+    except OSError as exc:  # e.g. port in use
+        print(f"fastroute engine: {exc}", file=sys.stderr)
+        return 1
+    return 0

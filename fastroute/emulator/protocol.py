@@ -1,0 +1,250 @@
+"""OpenAI/vLLM wire format: request Structs, response bodies, SSE chunks and errors.
+
+Requests are decoded with msgspec into Structs holding only the fields the
+emulator uses; unknown fields are accepted and ignored, as vLLM does. Errors use
+vLLM's ``ErrorResponse`` shape::
+
+    {"error": {"message": str, "type": str, "param": str | null, "code": int}}
+
+where ``code`` is the HTTP status and ``type`` names the error class
+(``BadRequestError``, ``NotFoundError``, …).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "StreamOptions",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "RequestError",
+    "ERROR_TYPES",
+    "error_body",
+    "decode_chat",
+    "decode_completion",
+    "usage_dict",
+    "ChunkEncoder",
+    "SSE_DONE",
+]
+
+#: ``error.type`` per HTTP status (the names of the openai client's exception classes).
+ERROR_TYPES: dict[int, str] = {
+    400: "BadRequestError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    413: "RequestEntityTooLargeError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+SSE_DONE = b"data: [DONE]\n\n"
+_encode = msgspec.json.encode
+
+
+class RequestError(Exception):
+    """A request the emulator refuses; becomes an error body with ``status``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> bytes:
+    """Encode a vLLM ``ErrorResponse``."""
+    return _encode(
+        {
+            "error": {
+                "message": message,
+                "type": ERROR_TYPES.get(status, "InternalServerError"),
+                "param": param,
+                "code": status,
+            }
+        }
+    )
+
+
+class StreamOptions(msgspec.Struct):
+    """``stream_options``."""
+
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class _Common(msgspec.Struct):
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    n: int | None = 1
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(_Common):
+    """The fields of ``POST /v1/chat/completions`` the emulator reads."""
+
+    messages: list[Any] | msgspec.UnsetType = msgspec.UNSET
+    max_completion_tokens: int | None = None
+
+
+class CompletionRequest(_Common):
+    """The fields of ``POST /v1/completions`` the emulator reads."""
+
+    prompt: str | list[Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+def _check_common(req: _Common) -> None:
+    if req.n not in (None, 1):
+        raise RequestError(400, f"n must be 1 on this engine, got {req.n}", "n")
+    if req.max_tokens is not None and req.max_tokens < 1:
+        raise RequestError(
+            400, f"max_tokens must be at least 1, got {req.max_tokens}.", "max_tokens"
+        )
+    if req.min_tokens < 0:
+        raise RequestError(
+            400, f"min_tokens must be at least 0, got {req.min_tokens}.", "min_tokens"
+        )
+    if req.max_tokens is not None and req.min_tokens > req.max_tokens:
+        raise RequestError(
+            400,
+            f"min_tokens must be less than or equal to max_tokens={req.max_tokens}, "
+            f"got {req.min_tokens}.",
+            "min_tokens",
+        )
+
+
+def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise RequestError(400, f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise RequestError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def decode_chat(body: bytes) -> ChatCompletionRequest:
+    """Decode and validate a chat completion request; raise :class:`RequestError` (400)."""
+    req: ChatCompletionRequest = _decode(_chat_decoder, body)
+    if req.messages is msgspec.UNSET:
+        raise RequestError(400, "Field required: 'messages'", "messages")
+    if not req.messages:
+        raise RequestError(400, "'messages' must contain at least one message", "messages")
+    if req.max_completion_tokens is not None:
+        if req.max_completion_tokens < 1:
+            raise RequestError(
+                400,
+                f"max_completion_tokens must be at least 1, got {req.max_completion_tokens}.",
+                "max_completion_tokens",
+            )
+        req.max_tokens = req.max_completion_tokens  # the newer name wins, as in vLLM
+    _check_common(req)
+    return req
+
+
+def decode_completion(body: bytes) -> CompletionRequest:
+    """Decode and validate a completion request; raise :class:`RequestError` (400)."""
+    req: CompletionRequest = _decode(_completion_decoder, body)
+    if req.prompt is msgspec.UNSET:
+        raise RequestError(400, "Field required: 'prompt'", "prompt")
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        # One prompt only: a list of token ids, or a batch of exactly one item.
+        if len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = req.prompt = prompt[0]
+        if isinstance(prompt, list) and (not prompt or not all(type(t) is int for t in prompt)):
+            raise RequestError(
+                400,
+                "prompt must be a string, a list of token ids, or a batch of one of those",
+                "prompt",
+            )
+    _check_common(req)
+    return req
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """The ``usage`` object, with ``prompt_tokens_details.cached_tokens``."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+class ChunkEncoder:
+    """Builds the SSE chunks of one streamed response, OpenAI's exact format.
+
+    Per-token chunks are a precomputed prefix, the JSON-encoded text and a
+    precomputed suffix, so a token costs one small ``msgspec`` encode.
+
+    Parameters
+    ----------
+    chat : bool
+        ``chat.completion.chunk`` (delta) or ``text_completion`` (text) chunks.
+    response_id : str
+        The response id (``chatcmpl-…`` / ``cmpl-…``).
+    created : int
+        Unix time of creation.
+    model : str
+        Served model name.
+    """
+
+    __slots__ = ("chat", "_head", "_prefix", "_suffix")
+
+    def __init__(self, chat: bool, response_id: str, created: int, model: str) -> None:
+        self.chat = chat
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self._head = (
+            b'{"id":'
+            + _encode(response_id)
+            + b',"object":"'
+            + obj.encode()
+            + b'","created":'
+            + str(created).encode()
+            + b',"model":'
+            + _encode(model)
+        )
+        if chat:
+            self._prefix = b"data: " + self._head + b',"choices":[{"index":0,"delta":{"content":'
+            self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        else:
+            self._prefix = b"data: " + self._head + b',"choices":[{"index":0,"text":'
+            self._suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+
+    def role(self) -> bytes:
+        """The first chat chunk: ``delta`` with the assistant role and empty content."""
+        return (
+            b"data: " + self._head + b',"choices":[{"index":0,"delta":{"role":"assistant",'
+            b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        )
+
+    def token(self, text: str) -> bytes:
+        """A chunk carrying one token's text."""
+        return self._prefix + _encode(text) + self._suffix
+
+    def last(self, text: str, finish_reason: str, extra: dict[str, Any] | None = None) -> bytes:
+        """The chunk of the last token, with its ``finish_reason`` (and top-level ``extra``)."""
+        if self.chat:
+            choice = b'{"index":0,"delta":{"content":' + _encode(text) + b'},"logprobs":null,'
+        else:
+            choice = b'{"index":0,"text":' + _encode(text) + b',"logprobs":null,'
+        choice += b'"finish_reason":' + _encode(finish_reason) + b',"stop_reason":null}'
+        tail = b""
+        if extra:
+            tail = b"," + _encode(extra)[1:-1]
+        return b"data: " + self._head + b',"choices":[' + choice + b"]" + tail + b"}\n\n"
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        """The final ``stream_options.include_usage`` chunk: no choices, the usage."""
+        return b"data: " + self._head + b',"choices":[],"usage":' + _encode(usage) + b"}\n\n"

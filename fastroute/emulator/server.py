@@ -1,0 +1,921 @@
+"""vLLM-compatible emulated engines on aiohttp: one port per engine, many engines per process.
+
+Each :class:`EmulatedEngine` owns an :class:`~fastroute.emulator.model.EngineModel`
+and one asyncio task that runs the model's step loop on the wall clock
+(``loop.time()``): start a step, sleep until it ends, deliver its tokens, repeat.
+Handlers never compute latency themselves; they wait on their request's
+:class:`TokenChannel` and write what the step loop delivered.
+
+Endpoints (per engine)
+----------------------
+``POST /v1/chat/completions``, ``POST /v1/completions``
+    JSON or SSE (``stream: true``), OpenAI chunk format, ``stream_options.include_usage``,
+    ``usage.prompt_tokens_details.cached_tokens``, ``max_tokens`` /
+    ``max_completion_tokens``, ``min_tokens``, ``ignore_eos``, ``n = 1``, vLLM's
+    ``kv_transfer_params`` (disaggregated prefill/decode).
+``GET /v1/models``, ``GET /health`` (503 while loading or draining), ``GET /metrics``.
+``GET|POST|DELETE /admin/fault`` (loopback only): see :mod:`fastroute.emulator.faults`.
+``POST /internal/kv_transfer/claim`` (loopback only): a decode engine in another
+    process claims KV held by this (prefill) engine.
+
+Bounds: request bodies over ``max_body_bytes`` get 413; a full waiting queue
+(``EngineConfig.max_waiting``) gets 429 with ``Retry-After: 1``; hung requests
+count against the same bound. A request's channel holds a count of undelivered
+tokens, not the tokens, so a slow reader costs O(1) memory (vLLM's output
+collector merges undelivered outputs the same way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+
+from fastroute.emulator.faults import FaultController, FaultState, FaultUpdate
+from fastroute.emulator.metrics import EngineMetrics
+from fastroute.emulator.model import (
+    EngineConfig,
+    EngineModel,
+    OutputLengthDistribution,
+    QueueFullError,
+    Request,
+    RequestTooLongError,
+)
+from fastroute.emulator.profiles import get_profile
+from fastroute.emulator.protocol import (
+    SSE_DONE,
+    ChunkEncoder,
+    CompletionRequest,
+    RequestError,
+    decode_chat,
+    decode_completion,
+    error_body,
+    usage_dict,
+)
+from fastroute.emulator.tokens import (
+    TokenizedPrompt,
+    output_token_text,
+    render_chat,
+    tokenize_ids,
+    tokenize_text,
+)
+from fastroute.hashing import key_hash
+
+__all__ = [
+    "EngineSpec",
+    "EmulatedEngine",
+    "EmulatedFleet",
+    "TokenChannel",
+    "fleet_specs",
+    "ROLES",
+    "DEFAULT_MODEL_NAME",
+]
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("both", "prefill", "decode")
+DEFAULT_MODEL_NAME = "meta-llama/Meta-Llama-3-8B-Instruct"
+_LOOPBACK = frozenset({"127.0.0.1", "::1"})
+#: A step may start at the previous step's end (not "now") if the loop woke this late:
+#: back-to-back steps on a GPU have no gap, and timer lateness must not accumulate.
+LATE_TOLERANCE_S = 0.005
+_CLAIM_TIMEOUT = ClientTimeout(total=2.0)
+
+#: Engines of this process by engine id, so a decode engine claims KV without HTTP.
+_LOCAL_ENGINES: weakref.WeakValueDictionary[str, EmulatedEngine] = weakref.WeakValueDictionary()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """Everything needed to start one emulated engine.
+
+    Attributes
+    ----------
+    name : str
+        Engine name (log lines, ``fastroute_emulator_info``, response header).
+    model_name : str
+        Served model name (``/v1/models``, the ``model`` field, metric label).
+    profile : str
+        Hardware profile (:data:`~fastroute.emulator.profiles.PROFILES`).
+    role : {"both", "prefill", "decode"}
+        ``prefill`` engines refuse ``do_remote_prefill``; ``decode`` engines
+        refuse ``do_remote_decode``; all serve plain requests.
+    region : str
+        Free-form label exposed in ``fastroute_emulator_info``.
+    seed : int
+        Seeds output lengths and random faults.
+    host, port : str, int
+        Listening address; port 0 picks an ephemeral port.
+    config : EngineConfig
+        Scheduler/cache settings.
+    faults : FaultState
+        Faults active from the start.
+    metrics_compat : {"current", "legacy", "both"}
+        vLLM metric-name generation.
+    max_body_bytes : int
+        Larger request bodies get 413.
+    load_time_s : float
+        ``/health`` answers 503 (and requests 503) for this long after start.
+    output_lengths : OutputLengthDistribution
+        Output lengths of requests without ``ignore_eos``.
+    """
+
+    name: str = "engine-0"
+    model_name: str = DEFAULT_MODEL_NAME
+    profile: str = "a40"
+    role: str = "both"
+    region: str = ""
+    seed: int = 0
+    host: str = "127.0.0.1"
+    port: int = 0
+    config: EngineConfig = field(default_factory=EngineConfig)
+    faults: FaultState = field(default_factory=FaultState)
+    metrics_compat: str = "current"
+    max_body_bytes: int = 4 * 1024 * 1024
+    load_time_s: float = 0.0
+    output_lengths: OutputLengthDistribution = field(default_factory=OutputLengthDistribution)
+
+
+class TokenChannel:
+    """Delivery mailbox of one request: a count of undelivered tokens plus end flags.
+
+    The step loop calls :meth:`push` / :meth:`finish`; the handler awaits
+    :meth:`wait` then :meth:`take`. Its size never grows with the backlog.
+    """
+
+    __slots__ = ("pending", "finished", "aborted", "block_ids", "_waiter")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.finished = False
+        self.aborted = False
+        self.block_ids: list[int] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def push(self) -> None:
+        """One more token is available."""
+        self.pending += 1
+        self._wake()
+
+    def finish(self) -> None:
+        """The last token has been pushed."""
+        self.finished = True
+        self._wake()
+
+    def abort(self) -> None:
+        """The engine is going away: the handler must drop the connection."""
+        self.aborted = True
+        self._wake()
+
+    def take(self) -> int:
+        """Return and reset the number of undelivered tokens."""
+        n, self.pending = self.pending, 0
+        return n
+
+    async def wait(self) -> None:
+        """Return once there is a token, the end, or an abort."""
+        if self.pending or self.finished or self.aborted:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        await self._waiter
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class _Abort(Exception):
+    """Drop the client connection without a response (crash fault, engine stop)."""
+
+
+class EmulatedEngine:
+    """One emulated vLLM engine: model, step loop, HTTP app and listener.
+
+    Parameters
+    ----------
+    spec : EngineSpec
+        What to run.
+
+    Examples
+    --------
+    >>> async def main():                                    # doctest: +SKIP
+    ...     engine = EmulatedEngine(EngineSpec(profile="h100"))
+    ...     await engine.start()
+    ...     print(engine.url)
+    ...     await engine.stop()
+    """
+
+    def __init__(self, spec: EngineSpec) -> None:
+        if spec.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {spec.role!r}")
+        self.spec = spec
+        self.name = spec.name
+        self.engine_id = f"{spec.name}-{uuid.uuid4().hex[:12]}"
+        self.profile = get_profile(spec.profile)
+        self.model = EngineModel(self.profile, spec.config, seed=spec.seed)
+        self.faults = FaultController(spec.name, spec.faults, seed=spec.seed)
+        self.model.slowdown = self.faults.state.slowdown
+        self.metrics = EngineMetrics(
+            spec.model_name,
+            self.model,
+            self.faults,
+            compat=spec.metrics_compat,
+            info={
+                "engine_name": spec.name,
+                "profile": self.profile.name,
+                "role": spec.role,
+                "region": spec.region,
+            },
+        )
+        self.port = spec.port
+        self.app = self._make_app()
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._step_task: asyncio.Task[None] | None = None
+        self._reopen_task: asyncio.Task[None] | None = None
+        self._wakeup = asyncio.Event()
+        self._channels: set[TokenChannel] = set()
+        self._hung: set[asyncio.Future[None]] = set()
+        self._ready_at_s = 0.0
+        self._stopping = False
+        self._last_submit_s = -math.inf
+        self._next_block_id = 0
+        self._session: ClientSession | None = None
+        self._created = int(time.time())
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8100``."""
+        return f"http://{self.spec.host}:{self.port}"
+
+    @property
+    def listening(self) -> bool:
+        """False while the refuse-connections fault holds the listener closed."""
+        return self._site is not None
+
+    async def start(self) -> None:
+        """Bind the listener and start the step loop."""
+        loop = asyncio.get_running_loop()
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=2.0,
+        )
+        await self._runner.setup()
+        self._ready_at_s = loop.time() + self.spec.load_time_s
+        self._step_task = asyncio.create_task(self._step_loop(), name=f"engine-{self.name}-steps")
+        _LOCAL_ENGINES[self.engine_id] = self
+        if self.faults.state.refuse_connections:
+            await self._bind()  # learn the port (maybe ephemeral), then close it as asked
+        await self._sync_listener()
+        logger.info(
+            "engine %s (%s, %s) on %s", self.name, self.profile.name, self.spec.role, self.url
+        )
+
+    async def stop(self) -> None:
+        """Stop: drop in-flight requests, close the listener and every connection."""
+        if self._stopping:
+            return
+        self._stopping = True
+        _LOCAL_ENGINES.pop(self.engine_id, None)
+        for task in (self._reopen_task, self._step_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        for ch in list(self._channels):
+            ch.abort()
+        for fut in list(self._hung):
+            if not fut.done():
+                fut.set_result(None)
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._site = None
+
+    # -- faults --------------------------------------------------------------------------------
+    async def set_faults(self, **changes: Any) -> FaultState:
+        """Change faults live (keyword = :class:`FaultState` field); return the new state."""
+        state = self.faults.apply(changes)
+        self.model.slowdown = state.slowdown
+        await self._sync_listener()
+        return state
+
+    async def clear_faults(self) -> FaultState:
+        """Turn every fault off (reopens a closed listener)."""
+        state = self.faults.clear()
+        self.model.slowdown = state.slowdown
+        await self._sync_listener()
+        return state
+
+    async def _sync_listener(self) -> None:
+        state = self.faults.state
+        if not state.refuse_connections:
+            if self._reopen_task is not None and self._reopen_task is not asyncio.current_task():
+                self._reopen_task.cancel()
+            self._reopen_task = None
+            if self._site is None and not self._stopping:
+                await self._bind()
+            return
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+            # Pooled keep-alive connections would still reach a "dead" engine: drop them too.
+            assert self._runner is not None and self._runner.server is not None
+            for proto in self._runner.server.connections:
+                proto.close()
+        if state.refuse_for_s is not None and self._reopen_task is None:
+            self._reopen_task = asyncio.create_task(self._reopen_after(state.refuse_for_s))
+
+    async def _reopen_after(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self._reopen_task = None
+        await self.set_faults(refuse_connections=False, refuse_for_s=None)
+
+    async def _bind(self) -> None:
+        assert self._runner is not None
+        site = web.TCPSite(self._runner, self.spec.host, self.port, reuse_address=True)
+        await site.start()
+        self._site = site
+        self.port = site.port
+
+    # -- step loop -----------------------------------------------------------------------------
+    async def _step_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        model = self.model
+        wakeup = self._wakeup
+        try:
+            while True:
+                now = loop.time()
+                t = model.next_step_time(now)
+                if t is None or t > now:
+                    wakeup.clear()
+                    if t is None:
+                        await wakeup.wait()
+                    else:
+                        try:
+                            async with asyncio.timeout(t - now):
+                                await wakeup.wait()
+                        except TimeoutError:
+                            pass
+                    continue
+                anchor = max(model.busy_until_s, self._last_submit_s)
+                start = anchor if 0.0 <= now - anchor < LATE_TOLERANCE_S else now
+                result = model.step(start)
+                delay = result.end_s - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                self._deliver(result.emitted, result.finished)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A model bug must not leave clients waiting forever: fail them all, loudly.
+            logger.exception("engine %s: step loop failed; dropping all requests", self.name)
+            for ch in list(self._channels):
+                ch.abort()
+            self._stopping = True
+
+    def _deliver(self, emitted: list[Request], finished: list[Request]) -> None:
+        met = self.metrics
+        for req in emitted:
+            if req.num_output == 1:
+                met.ttft.observe(req.first_token_s - req.arrival_s)  # type: ignore[operator]
+                met.queue.observe(req.scheduled_s - req.arrival_s)  # type: ignore[operator]
+            elif req.last_itl_s is not None:
+                met.itl.observe(req.last_itl_s)
+            if req.data is not None:
+                req.data.push()
+        for req in finished:
+            met.e2e.observe(req.finish_s - req.arrival_s)  # type: ignore[operator]
+            if req.data is not None:
+                req.data.finish()
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    def _make_app(self) -> web.Application:
+        # +1 so that aiohttp's own limit never fires first: we answer 413 in vLLM's shape.
+        app = web.Application(client_max_size=self.spec.max_body_bytes + 1)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/admin/fault", self._get_fault)
+        app.router.add_post("/admin/fault", self._post_fault)
+        app.router.add_delete("/admin/fault", self._delete_fault)
+        app.router.add_post("/internal/kv_transfer/claim", self._claim_endpoint)
+        return app
+
+    def _error(self, status: int, message: str, param: str | None = None) -> web.Response:
+        headers = {"x-fastroute-engine": self.name}
+        if status == 429:
+            headers["Retry-After"] = "1"
+        return web.Response(
+            status=status,
+            body=error_body(status, message, param),
+            content_type="application/json",
+            headers=headers,
+        )
+
+    def _unavailable(self) -> str | None:
+        if self._stopping:
+            return "engine is shutting down"
+        if asyncio.get_running_loop().time() < self._ready_at_s:
+            return "engine is loading the model"
+        if self.faults.state.drain:
+            return "engine is draining"
+        return None
+
+    async def _health(self, request: web.Request) -> web.Response:
+        reason = self._unavailable()
+        if reason is not None:
+            return self._error(503, reason)
+        return web.Response(status=200)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        name = self.spec.model_name
+        card = {
+            "id": name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "vllm",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.model.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        delay = self.faults.state.metrics_delay_s
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
+        )
+
+    def _admin_allowed(self, request: web.Request) -> bool:
+        return request.remote in _LOOPBACK
+
+    async def _get_fault(self, request: web.Request) -> web.Response:
+        if not self._admin_allowed(request):
+            return self._error(403, "admin endpoints accept loopback clients only")
+        return web.Response(
+            body=msgspec.json.encode(self.faults.state), content_type="application/json"
+        )
+
+    async def _post_fault(self, request: web.Request) -> web.Response:
+        if not self._admin_allowed(request):
+            return self._error(403, "admin endpoints accept loopback clients only")
+        try:
+            update = msgspec.json.decode(await request.read(), type=FaultUpdate)
+            changes = update.changes()
+            if changes.get("refuse_connections") and changes.get("refuse_for_s") is None:
+                # Over HTTP, an open-ended refusal would lock the admin endpoint out with it.
+                raise ValueError("refuse_connections over HTTP needs refuse_for_s")
+            state = await self.set_faults(**changes)
+        except (msgspec.DecodeError, ValueError) as exc:
+            return self._error(400, f"invalid fault update: {exc}")
+        return web.Response(body=msgspec.json.encode(state), content_type="application/json")
+
+    async def _delete_fault(self, request: web.Request) -> web.Response:
+        if not self._admin_allowed(request):
+            return self._error(403, "admin endpoints accept loopback clients only")
+        state = await self.clear_faults()
+        return web.Response(body=msgspec.json.encode(state), content_type="application/json")
+
+    # -- P/D KV transfer -----------------------------------------------------------------------
+    def claim_local(self, request_id: str, block_ids: list[int]) -> int:
+        """Release KV held for ``request_id`` to a decode engine; return its prompt length.
+
+        Raises
+        ------
+        KeyError
+            Unknown, already claimed or expired transfer, or block ids that do not match.
+        """
+        now = asyncio.get_running_loop().time()
+        held = self.model.held(request_id, now)
+        if held is None or held.data is None or held.data.block_ids != block_ids:
+            raise KeyError(request_id)
+        return self.model.claim_transfer(request_id, now).num_prompt_tokens
+
+    async def _claim_endpoint(self, request: web.Request) -> web.Response:
+        if not self._admin_allowed(request):
+            return self._error(403, "internal endpoints accept loopback clients only")
+        try:
+            body = msgspec.json.decode(await request.read(), type=dict[str, Any])
+            n = self.claim_local(str(body["remote_request_id"]), list(body["remote_block_ids"]))
+        except (msgspec.DecodeError, KeyError, TypeError):
+            return self._error(404, "unknown or expired KV transfer")
+        return web.json_response({"num_prompt_tokens": n})
+
+    async def _claim_remote(self, params: dict[str, Any], num_prompt_tokens: int) -> None:
+        """Decode side: claim the KV named by ``params``; raise :class:`RequestError` if invalid."""
+        fields = {
+            "remote_engine_id": str,
+            "remote_request_id": str,
+            "remote_block_ids": list,
+            "remote_host": str,
+            "remote_port": int,
+        }
+        for name, kind in fields.items():
+            if not isinstance(params.get(name), kind):
+                raise RequestError(
+                    400,
+                    f"kv_transfer_params.{name} is missing or not a {kind.__name__}",
+                    "kv_transfer_params",
+                )
+        engine_id = params["remote_engine_id"]
+        request_id = params["remote_request_id"]
+        block_ids = params["remote_block_ids"]
+        unknown = RequestError(
+            400,
+            f"KV transfer {request_id!r} from engine {engine_id!r} is unknown or expired",
+            "kv_transfer_params",
+        )
+        local = _LOCAL_ENGINES.get(engine_id)
+        if local is not None:
+            try:
+                n = local.claim_local(request_id, block_ids)
+            except KeyError:
+                raise unknown from None
+        else:
+            if self._session is None:
+                self._session = ClientSession(timeout=_CLAIM_TIMEOUT)
+            url = (
+                f"http://{params['remote_host']}:{params['remote_port']}/internal/kv_transfer/claim"
+            )
+            try:
+                async with self._session.post(
+                    url, json={"remote_request_id": request_id, "remote_block_ids": block_ids}
+                ) as resp:
+                    if resp.status != 200:
+                        raise unknown
+                    n = int((await resp.json())["num_prompt_tokens"])
+            except (ClientError, TimeoutError, KeyError, ValueError):
+                raise unknown from None
+        if n != num_prompt_tokens:
+            raise RequestError(
+                400,
+                f"KV transfer {request_id!r} holds {n} prompt tokens; this prompt has "
+                f"{num_prompt_tokens}",
+                "kv_transfer_params",
+            )
+
+    # -- generation ----------------------------------------------------------------------------
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        reason = self._unavailable()
+        if reason is not None:
+            return self._error(503, reason)
+        injected = self.faults.draw_error()
+        if injected is not None:
+            return self._error(injected, f"injected fault: engine {self.name} fails this request")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._error(
+                413, f"request body exceeds the limit of {self.spec.max_body_bytes} bytes"
+            )
+        if len(body) > self.spec.max_body_bytes:
+            return self._error(
+                413, f"request body exceeds the limit of {self.spec.max_body_bytes} bytes"
+            )
+        try:
+            parsed = decode_chat(body) if chat else decode_completion(body)
+            if parsed.model is not None and parsed.model != self.spec.model_name:
+                raise RequestError(404, f"The model `{parsed.model}` does not exist.", "model")
+            prompt = self._tokenize(parsed, chat)
+            hold_kv, remote = self._pd_mode(parsed.kv_transfer_params)
+            output_tokens, finish_reason = self._output_length(parsed, prompt, hold_kv)
+            if remote:
+                await self._claim_remote(parsed.kv_transfer_params or {}, prompt.num_tokens)
+        except RequestError as exc:
+            return self._error(exc.status, exc.message, exc.param)
+
+        if self.faults.state.hang:
+            return await self._hang(request)
+
+        prefix = "chatcmpl" if chat else "cmpl"
+        response_id = f"{prefix}-{uuid.uuid4().hex}"
+        channel = TokenChannel()
+        mreq = Request(
+            response_id,
+            prompt.num_tokens,
+            prompt.block_hashes,
+            output_tokens=output_tokens,
+            finish_reason=finish_reason,
+            remote_prefill=remote,
+            hold_kv=hold_kv,
+            data=channel,
+        )
+        now = asyncio.get_running_loop().time()
+        try:
+            self.model.submit(mreq, now)
+        except QueueFullError as exc:
+            return self._error(429, f"engine {self.name} is overloaded: {exc}")
+        except RequestTooLongError as exc:
+            return self._error(400, str(exc))
+        self._last_submit_s = now
+        self._wakeup.set()
+        self._channels.add(channel)
+        output_seed = key_hash(response_id) & 0xFFFFFFFF
+        try:
+            if parsed.stream:
+                return await self._stream(request, parsed, mreq, chat, response_id, output_seed)
+            return await self._complete(request, parsed, mreq, chat, response_id, output_seed)
+        except _Abort:
+            transport = request.transport
+            if transport is not None:
+                transport.abort()
+            # The connection is gone; raising keeps aiohttp from writing a response into it.
+            raise asyncio.CancelledError() from None
+        finally:
+            self._channels.discard(channel)
+            if not channel.finished:
+                self.model.cancel(response_id)
+
+    def _tokenize(self, parsed: Any, chat: bool) -> TokenizedPrompt:
+        try:
+            if chat:
+                return tokenize_text(render_chat(parsed.messages))
+            assert isinstance(parsed, CompletionRequest)
+            if isinstance(parsed.prompt, str):
+                return tokenize_text(parsed.prompt)
+            return tokenize_ids(parsed.prompt)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise RequestError(400, str(exc), "messages" if chat else "prompt") from None
+
+    def _pd_mode(self, params: dict[str, Any] | None) -> tuple[bool, bool]:
+        """(hold KV for a decode engine, receive KV from a prefill engine)."""
+        if not params:
+            return False, False
+        if params.get("do_remote_decode"):
+            if self.spec.role == "decode":
+                raise RequestError(
+                    400,
+                    "this engine is a decode engine: do_remote_decode is not accepted",
+                    "kv_transfer_params",
+                )
+            return True, False
+        if params.get("do_remote_prefill"):
+            if self.spec.role == "prefill":
+                raise RequestError(
+                    400,
+                    "this engine is a prefill engine: do_remote_prefill is not accepted",
+                    "kv_transfer_params",
+                )
+            return False, True
+        return False, False
+
+    def _output_length(
+        self, parsed: Any, prompt: TokenizedPrompt, hold_kv: bool
+    ) -> tuple[int, str]:
+        max_len = self.model.max_model_len
+        if prompt.num_tokens >= max_len:
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {max_len} tokens. However, your "
+                f"request has {prompt.num_tokens} input tokens. Please reduce the length of "
+                "the input messages.",
+            )
+        cap = parsed.max_tokens if parsed.max_tokens is not None else max_len - prompt.num_tokens
+        try:
+            self.model.check(prompt.num_tokens, cap)
+        except RequestTooLongError as exc:
+            raise RequestError(400, str(exc)) from None
+        if parsed.ignore_eos or hold_kv:
+            return cap, "length"
+        drawn = max(parsed.min_tokens, self.spec.output_lengths.sample(self.model.rng))
+        if drawn >= cap:
+            return cap, "length"
+        return drawn, "stop"
+
+    async def _hang(self, request: web.Request) -> web.StreamResponse:
+        if len(self._hung) >= self.model.config.max_waiting:
+            return self._error(429, f"engine {self.name} is overloaded: too many hung requests")
+        self.faults.injected_total["hang"] += 1
+        fut = asyncio.get_running_loop().create_future()
+        self._hung.add(fut)
+        try:
+            await fut  # resolved only when the engine stops
+        finally:
+            self._hung.discard(fut)
+        raise _Abort
+
+    def _crash_due(self, given: int) -> bool:
+        limit = self.faults.state.crash_after_tokens
+        if limit is not None and given >= limit:
+            self.faults.injected_total["crash"] += 1
+            return True
+        return False
+
+    def _final_extra(self, mreq: Request) -> dict[str, Any] | None:
+        if not mreq.hold_kv:
+            return None
+        block_ids = list(range(self._next_block_id, self._next_block_id + mreq.num_blocks_held))
+        self._next_block_id += len(block_ids)
+        mreq.data.block_ids = block_ids
+        return {
+            "kv_transfer_params": {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_block_ids": block_ids,
+                "remote_engine_id": self.engine_id,
+                "remote_request_id": mreq.request_id,
+                "remote_host": self.spec.host,
+                "remote_port": self.port,
+                "tp_size": 1,
+            }
+        }
+
+    async def _complete(
+        self,
+        request: web.Request,
+        parsed: Any,
+        mreq: Request,
+        chat: bool,
+        response_id: str,
+        output_seed: int,
+    ) -> web.Response:
+        channel: TokenChannel = mreq.data
+        given = 0
+        while True:
+            if self._crash_due(given):
+                raise _Abort
+            await channel.wait()
+            if channel.aborted:
+                raise _Abort
+            given += channel.take()
+            if channel.finished:
+                break
+        text = "".join(output_token_text(output_seed, i) for i in range(given))
+        choice: dict[str, Any] = {"index": 0}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+        else:
+            choice["text"] = text
+        choice.update(logprobs=None, finish_reason=mreq.finish_reason, stop_reason=None)
+        body: dict[str, Any] = {
+            "id": response_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.spec.model_name,
+            "choices": [choice],
+            "usage": usage_dict(mreq.num_prompt_tokens, given, mreq.num_cached_tokens),
+        }
+        extra = self._final_extra(mreq)
+        if extra:
+            body.update(extra)
+        return web.Response(
+            body=msgspec.json.encode(body),
+            content_type="application/json",
+            headers={"x-fastroute-engine": self.name},
+        )
+
+    async def _stream(
+        self,
+        request: web.Request,
+        parsed: Any,
+        mreq: Request,
+        chat: bool,
+        response_id: str,
+        output_seed: int,
+    ) -> web.StreamResponse:
+        channel: TokenChannel = mreq.data
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-fastroute-engine": self.name,
+            }
+        )
+        await resp.prepare(request)
+        enc = ChunkEncoder(chat, response_id, int(time.time()), self.spec.model_name)
+        target = mreq.output_tokens
+        given = 0
+        while given < target:
+            if self._crash_due(given):
+                raise _Abort
+            await channel.wait()
+            if channel.aborted:
+                raise _Abort
+            n = channel.take()
+            parts = []
+            for _ in range(n):
+                if self._crash_due(given):
+                    if parts:
+                        await resp.write(b"".join(parts))
+                    raise _Abort
+                text = output_token_text(output_seed, given)
+                if given == 0 and chat:
+                    parts.append(enc.role())
+                given += 1
+                if given == target:
+                    parts.append(enc.last(text, mreq.finish_reason, self._final_extra(mreq)))
+                else:
+                    parts.append(enc.token(text))
+            if parts:
+                await resp.write(b"".join(parts))
+        opts = parsed.stream_options
+        tail = b""
+        if opts is not None and opts.include_usage:
+            tail = enc.usage(usage_dict(mreq.num_prompt_tokens, given, mreq.num_cached_tokens))
+        await resp.write(tail + SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+
+def _dumps(obj: Any) -> str:
+    return msgspec.json.encode(obj).decode()
+
+
+class EmulatedFleet:
+    """Several emulated engines in this process (an async context manager).
+
+    Parameters
+    ----------
+    specs : iterable of EngineSpec
+        One per engine; give port 0 for ephemeral ports.
+
+    Examples
+    --------
+    >>> async def main():                                         # doctest: +SKIP
+    ...     async with EmulatedFleet(fleet_specs(4, profile="h100")) as fleet:
+    ...         print(fleet.urls)
+    """
+
+    def __init__(self, specs: list[EngineSpec] | tuple[EngineSpec, ...]) -> None:
+        self.engines = [EmulatedEngine(spec) for spec in specs]
+
+    @property
+    def urls(self) -> list[str]:
+        """Base URLs, in spec order."""
+        return [e.url for e in self.engines]
+
+    def __getitem__(self, index: int) -> EmulatedEngine:
+        return self.engines[index]
+
+    def __len__(self) -> int:
+        return len(self.engines)
+
+    async def start(self) -> None:
+        """Start every engine (stopping those already started if one fails)."""
+        started = []
+        try:
+            for engine in self.engines:
+                await engine.start()
+                started.append(engine)
+        except BaseException:
+            await asyncio.gather(*(e.stop() for e in started), return_exceptions=True)
+            raise
+
+    async def stop(self) -> None:
+        """Stop every engine."""
+        await asyncio.gather(*(e.stop() for e in self.engines))
+
+    async def __aenter__(self) -> EmulatedFleet:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+def fleet_specs(
+    count: int, *, base_port: int = 0, name_prefix: str = "engine", seed: int = 0, **kwargs: Any
+) -> list[EngineSpec]:
+    """``count`` specs named ``{name_prefix}-{i}``, ports ``base_port + i`` (all 0 if 0).
+
+    Extra keyword arguments are :class:`EngineSpec` fields shared by all;
+    engine ``i`` gets seed ``seed + i``.
+    """
+    return [
+        EngineSpec(
+            name=f"{name_prefix}-{i}",
+            port=base_port + i if base_port else 0,
+            seed=seed + i,
+            **kwargs,
+        )
+        for i in range(count)
+    ]
