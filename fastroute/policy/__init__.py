@@ -1,0 +1,59 @@
+"""Routing policies behind one interface, used by both the proxy and the simulator.
+
+A :class:`Policy` turns a :class:`RouteRequest` and a :class:`FleetView` into a
+:class:`Decision` (a failover ranking of at most ``k`` engines, first = chosen).
+Registered policies (:data:`POLICIES`, built with :func:`make_policy`):
+
+``weighted-hrw`` (default)
+    weighted rendezvous hashing on the controller's weights, optional bounded-load guard;
+``round-robin``
+    cycle through the eligible engines;
+``least-request``
+    fewest in-flight requests (host-wide);
+``power-of-two``
+    two random engines, fewer in flight wins;
+``consistent-hash``
+    unweighted rendezvous hashing on the routing key;
+``cache-aware``
+    SGLang-style approximate prefix tree per engine with balance thresholds.
+
+Each module's docstring states its algorithm, invariants, tunables and units;
+``docs/policies.md`` compares them.
+"""
+
+from fastroute.policy.base import (
+    DEFAULT_K,
+    Decision,
+    FleetView,
+    Policy,
+    PolicyConfigError,
+    RouteRequest,
+    StaticFleetView,
+)
+from fastroute.policy.cache_aware import CacheAware
+from fastroute.policy.consistent_hash import ConsistentHash
+from fastroute.policy.least_request import LeastRequest
+from fastroute.policy.power_of_two import PowerOfTwo
+from fastroute.policy.registry import DEFAULT_POLICY, POLICIES, make_policy, policy_params
+from fastroute.policy.round_robin import RoundRobin
+from fastroute.policy.weighted_hrw import WeightedHRW
+
+__all__ = [
+    "DEFAULT_K",
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "CacheAware",
+    "ConsistentHash",
+    "Decision",
+    "FleetView",
+    "LeastRequest",
+    "Policy",
+    "PolicyConfigError",
+    "PowerOfTwo",
+    "RoundRobin",
+    "RouteRequest",
+    "StaticFleetView",
+    "WeightedHRW",
+    "make_policy",
+    "policy_params",
+]

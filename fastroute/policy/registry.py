@@ -1,0 +1,90 @@
+"""Policy names -> classes, and construction from configuration.
+
+The configuration names a policy per request class (``policy = "cache-aware"`` plus
+its tunables); :func:`make_policy` turns that into an instance and rejects unknown
+names and parameters with an error that lists what is valid. The registry is a plain
+dict built here, not filled by import side effects (vidur's registries are what we
+avoid).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from fastroute.policy.base import Policy, PolicyConfigError
+from fastroute.policy.cache_aware import CacheAware
+from fastroute.policy.consistent_hash import ConsistentHash
+from fastroute.policy.least_request import LeastRequest
+from fastroute.policy.power_of_two import PowerOfTwo
+from fastroute.policy.round_robin import RoundRobin
+from fastroute.policy.weighted_hrw import WeightedHRW
+
+__all__ = ["POLICIES", "DEFAULT_POLICY", "make_policy", "policy_params"]
+
+#: Every policy by its registered name.
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls
+    for cls in (WeightedHRW, RoundRobin, LeastRequest, PowerOfTwo, ConsistentHash, CacheAware)
+}
+
+#: The policy of a class that names none.
+DEFAULT_POLICY = WeightedHRW.name
+
+
+def policy_params(name: str) -> dict[str, Any]:
+    """The tunables of policy ``name`` and their defaults.
+
+    Raises
+    ------
+    PolicyConfigError
+        ``name`` is not registered.
+    """
+    cls = _lookup(name)
+    return {
+        p.name: p.default
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """Build the policy registered as ``name`` with its tunables ``params``.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`POLICIES`, for example ``"weighted-hrw"``.
+    **params
+        Keyword tunables of that policy (see its module docstring for units).
+
+    Returns
+    -------
+    Policy
+        A fresh instance.
+
+    Raises
+    ------
+    PolicyConfigError
+        Unknown name (the message lists the valid ones), a parameter the policy does
+        not take (the message lists those it does), or an invalid value.
+    """
+    cls = _lookup(name)
+    accepted = policy_params(name)
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        valid = ", ".join(sorted(accepted)) or "none"
+        raise PolicyConfigError(
+            f"policy {name!r} has no parameter {', '.join(map(repr, unknown))}; "
+            f"valid parameters: {valid}"
+        )
+    return cls(**params)
+
+
+def _lookup(name: str) -> type[Policy]:
+    try:
+        return POLICIES[name]
+    except (KeyError, TypeError):
+        raise PolicyConfigError(
+            f"unknown routing policy {name!r}; valid policies: {', '.join(sorted(POLICIES))}"
+        ) from None
