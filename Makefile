@@ -51,5 +51,10 @@ bench: build
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,stddev,rounds \
 		--benchmark-sort=name $(BENCH_ARGS)
 
+# The main job available so far: the emulated fleet that examples/fastroute.toml expects
+# (four engines on 127.0.0.1:9100-9103). The routing demo (`fastroute demo`) is issue 8.
+run: build
+	$(BIN)/fastroute engine --count 4 --base-port 9100 --model demo-8b
+
 clean:
 	rm -rf build fastroute/_core/*.c fastroute/_core/*.so fastroute/_core/*.html .pytest_cache .benchmarks

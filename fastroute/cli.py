@@ -20,6 +20,7 @@ __all__ = ["main"]
 
 #: subcommand -> (module implementing it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("fastroute.proxy.cli", "run the routing proxy (data plane)"),
     "engine": ("fastroute.emulator.cli", "run emulated vLLM-compatible engines on loopback"),
     "table": ("fastroute.tables.cli", "inspect or publish a shared-memory weight table"),
 }
