@@ -45,6 +45,9 @@ import struct
 import sys
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
+
+import numpy as np
 
 __all__ = [
     "TABLE_MAGIC",
@@ -62,6 +65,7 @@ __all__ = [
     "FLAG_UNAVAILABLE",
     "FLAG_DRAINING",
     "TableLayout",
+    "BufferViews",
     "STATS_HEADER",
     "STATS_SLOT_SIZE",
     "Counter",
@@ -171,6 +175,23 @@ class TableLayout:
     def segment_size(self) -> int:
         """Total bytes of the segment."""
         return HEADER_SIZE + 2 * self.buffer_size
+
+
+class BufferViews:
+    """numpy views of one table buffer's arrays in a mapped segment (made once per attach)."""
+
+    __slots__ = ("engine_ids", "engine_flags", "class_keys", "shed_fraction", "meta", "weights")
+
+    def __init__(self, mm: Any, layout: TableLayout, base: int) -> None:
+        def view(offset: int, dtype: str, count: int) -> np.ndarray:
+            return np.frombuffer(mm, dtype=dtype, count=count, offset=base + offset)
+
+        self.engine_ids = view(layout.engine_ids_offset, "<u8", layout.max_engines)
+        self.engine_flags = view(layout.engine_flags_offset, "u1", layout.max_engines)
+        self.class_keys = view(layout.class_keys_offset, "<u8", layout.max_classes)
+        self.shed_fraction = view(layout.shed_fraction_offset, "<f8", layout.max_classes)
+        self.meta = view(layout.meta_offset, "u1", META_MAX_BYTES)
+        self.weights = view(layout.weights_offset, "<f8", layout.max_engines * layout.max_classes)
 
 
 def table_checksum(

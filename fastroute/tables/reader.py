@@ -27,11 +27,11 @@ from fastroute.tables.layout import (
     META_MAX_BYTES,
     RETIRED_BIT,
     TABLE_MAGIC,
+    BufferViews,
     TableLayout,
 )
 from fastroute.tables.segment import close_mapping, map_segment, open_existing, segment_path
 from fastroute.tables.snapshot import TableSnapshot
-from fastroute.tables.writer import BufferViews
 
 __all__ = ["TableReader", "MAX_SNAPSHOT_ATTEMPTS"]
 

@@ -26,32 +26,16 @@ from fastroute.tables.layout import (
     META_MAX_BYTES,
     RETIRED_BIT,
     TABLE_MAGIC,
+    BufferViews,
     TableLayout,
     table_checksum,
 )
 from fastroute.tables.segment import WriterLock, close_mapping, map_segment, segment_path
 
-__all__ = ["TableWriter", "DEFAULT_RETRY_RATIO", "BufferViews"]
+__all__ = ["TableWriter", "DEFAULT_RETRY_RATIO"]
 
 #: Retry budget ratio published when the caller gives none (algorithms.md §3).
 DEFAULT_RETRY_RATIO = 0.1
-
-
-class BufferViews:
-    """numpy views of one buffer's arrays inside a mapped segment (created once)."""
-
-    __slots__ = ("engine_ids", "engine_flags", "class_keys", "shed_fraction", "meta", "weights")
-
-    def __init__(self, mm: Any, layout: TableLayout, base: int) -> None:
-        def view(offset: int, dtype: str, count: int) -> np.ndarray:
-            return np.frombuffer(mm, dtype=dtype, count=count, offset=base + offset)
-
-        self.engine_ids = view(layout.engine_ids_offset, "<u8", layout.max_engines)
-        self.engine_flags = view(layout.engine_flags_offset, "u1", layout.max_engines)
-        self.class_keys = view(layout.class_keys_offset, "<u8", layout.max_classes)
-        self.shed_fraction = view(layout.shed_fraction_offset, "<f8", layout.max_classes)
-        self.meta = view(layout.meta_offset, "u1", META_MAX_BYTES)
-        self.weights = view(layout.weights_offset, "<f8", layout.max_engines * layout.max_classes)
 
 
 def _as_array(value: Any, dtype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
