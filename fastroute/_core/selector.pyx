@@ -197,7 +197,11 @@ cdef class Selector:
             mask = _as_mask(available, self.n_engines)
             if self.n_engines:
                 mask_ptr = &mask[0]
-        cdef const int64_t[:] load = np.asarray(loads, dtype=np.int64)
+        cdef const int64_t[:] load
+        try:
+            load = loads  # int64 arrays (the stats block's strided column) need no copy
+        except (TypeError, ValueError):
+            load = np.asarray(loads, dtype=np.int64)
         if load.shape[0] != self.n_engines:
             raise ValueError(
                 f"loads must have shape ({self.n_engines},), got ({load.shape[0]},)")
