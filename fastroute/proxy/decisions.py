@@ -1,0 +1,139 @@
+"""Decision records: why a request went where it went (DESIGN.md §3 step 9).
+
+Each routed request gets a :class:`DecisionRecord`, filled in as the request moves
+along its path (class, candidates and scores, filters that removed engines and why,
+weights, attempts and their outcomes, timings). The compact form travels in the
+``x-fastroute-decision`` response header; the full record stays in a bounded
+:class:`DecisionLog` ring buffer (oldest evicted first) and is served by
+``GET /admin/decisions/{request_id}``.
+
+Compact header grammar: ``key=value`` pairs joined by ``;``, for example
+``policy=weighted-hrw;reason=hrw;rank=0;attempt=1;gen=12;key=header;class=chat``.
+``rank`` is the position in the ranking of the engine that answered, ``attempt`` the
+1-based attempt number, ``gen`` the weight-table generation (0 = capacity-proportional
+fallback weights from the config).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+__all__ = ["Attempt", "DecisionRecord", "DecisionLog", "DEFAULT_CAPACITY"]
+
+#: Records kept by default (at a few hundred bytes each, about 1-2 MB).
+DEFAULT_CAPACITY = 4096
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One attempt to an engine and how it ended."""
+
+    engine: str
+    rank: int
+    outcome: str = "pending"
+    status: int | None = None
+    detail: str | None = None
+    duration_s: float | None = None
+
+
+@dataclass(slots=True)
+class DecisionRecord:
+    """Everything the proxy decided for one request.
+
+    Attributes
+    ----------
+    request_id : str
+        The ``x-request-id`` the response carries.
+    endpoint : str
+        Path of the request (``/v1/chat/completions``...).
+    model, priority, tenant, class_name : str
+        The classification.
+    zones : list of str
+        Residency zones the request may be served in.
+    row : int
+        Class row in the weight table.
+    key_source : str
+        Where the routing key came from (``header``, ``conversation``...).
+    generation : int
+        Weight-table generation the decision used (0: config fallback weights).
+    policy, reason : str
+        Policy name and its decision reason.
+    candidates : list of dict
+        The ranking: engine name, rank, weight and policy score of each.
+    filters : list of dict
+        Engines excluded from the class row, each with the filter and why.
+    attempts : list of Attempt
+        Attempts in order.
+    status : int or None
+        HTTP status returned to the client.
+    timings : dict of str to float
+        Seconds from arrival: ``decided``, ``first_byte``, ``first_token``, ``done``;
+        ``tbot_s`` mean time between streamed chunks.
+    """
+
+    request_id: str
+    endpoint: str
+    model: str = ""
+    priority: str = ""
+    tenant: str = ""
+    class_name: str = ""
+    zones: list[str] = field(default_factory=list)
+    row: int = -1
+    key_source: str = ""
+    generation: int = 0
+    policy: str = ""
+    reason: str = ""
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    filters: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    status: int | None = None
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def header(self) -> str:
+        """The compact ``x-fastroute-decision`` value."""
+        rank = self.attempts[-1].rank if self.attempts else -1
+        return (
+            f"policy={self.policy};reason={self.reason};rank={rank};"
+            f"attempt={len(self.attempts)};gen={self.generation};key={self.key_source};"
+            f"class={self.class_name}"
+        )
+
+    def to_json(self) -> bytes:
+        """The full record as JSON."""
+        return msgspec.json.encode(self)
+
+
+class DecisionLog:
+    """A bounded ring buffer of decision records, looked up by request id.
+
+    Parameters
+    ----------
+    capacity : int
+        Most records kept; adding one more evicts the oldest.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._records: OrderedDict[str, DecisionRecord] = OrderedDict()
+
+    def add(self, record: DecisionRecord) -> None:
+        """Keep ``record`` (it may still be updated in place until the request ends)."""
+        records = self._records
+        records[record.request_id] = record
+        records.move_to_end(record.request_id)
+        while len(records) > self.capacity:
+            records.popitem(last=False)
+
+    def get(self, request_id: str) -> DecisionRecord | None:
+        """The record of ``request_id``, or None if unknown or evicted."""
+        return self._records.get(request_id)
+
+    def __len__(self) -> int:
+        return len(self._records)

@@ -1,0 +1,378 @@
+"""The proxy's view of the fleet: engines, class rows, weights, availability.
+
+Engines are the config's ``[[engines]]``, in file order: that order is the engine
+index everywhere in the proxy (selector, outlier detector, in-flight counts), so a
+new weight table never re-indexes local state. Class rows are one per
+(model, priority) of the config's models.
+
+Weights come from one of two sources (DESIGN.md §2):
+
+* the shared-memory weight table ``proxy.table_name``, when it exists: each row is
+  looked up by :func:`class_key` ``(proxy.cluster, model, priority)`` and its weights
+  are mapped onto the config's engines by engine id (``hashing.engine_id(name)``);
+  engines the table does not list get weight 0 in that row, engines the config does
+  not list are ignored (the proxy has no address for them), a row the table lacks
+  falls back to capacity weights; the table's engine flags and shed fractions apply;
+* otherwise capacity-proportional weights: in each row, every engine serving the
+  row's model (role ``both``) with weight ``capacity_rps``.
+
+:class:`TableWatcher` polls the table's generation and swaps in a new
+:class:`FleetState` on change, keeping the last good one on any error.
+
+Residency and tenant hardware are hard filters applied per request on top of the
+class row (:meth:`Fleet.request_mask`), so one row serves every tenant. Eligibility
+for a request = weight > 0 in its row AND allowed by the controller's flags AND not
+ejected by the local :class:`~fastroute.proxy.outlier.OutlierDetector` AND in an
+allowed zone (and hardware class, if the tenant has one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastroute._core import Selector
+from fastroute._core.selector_py import ZERO_WEIGHT_RATIO
+from fastroute.config import PRIORITIES, Config, EngineConfig
+from fastroute.errors import TableError
+from fastroute.hashing import engine_id, key_hash
+from fastroute.proxy.outlier import OutlierDetector
+from fastroute.tables import TableReader, TableSnapshot
+
+__all__ = ["class_key", "FleetState", "Fleet", "RequestView", "TableWatcher"]
+
+logger = logging.getLogger(__name__)
+
+#: Most distinct (zones, hardware) request masks cached.
+MAX_CACHED_MASKS = 1024
+
+
+def class_key(cluster: str, model: str, priority: str) -> int:
+    """The weight-table key of the class row ``(cluster, model, priority)``.
+
+    xxh3-64 of ``"\\0class\\0{cluster}\\0{model}\\0{priority}"``; the controller must
+    publish rows under the same keys.
+    """
+    return key_hash(f"\0class\0{cluster}\0{model}\0{priority}")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FleetState:
+    """One immutable set of weights and flags over the config's engines.
+
+    Attributes
+    ----------
+    generation : int
+        Weight-table generation; 0 for the config fallback.
+    published_at : float or None
+        Unix publish time of the table; None for the fallback.
+    weights : ndarray of float64, shape (n_rows, n_engines)
+    positive : ndarray of bool, shape (n_rows, n_engines)
+        Weight counts as > 0 (the selector's own threshold).
+    available : ndarray of bool, shape (n_engines,)
+        Not flagged unavailable or draining by the controller.
+    shed_fraction : ndarray of float64, shape (n_rows,)
+    retry_ratio : float or None
+        The controller's retry ratio; None for the fallback.
+    selector : Selector
+        Over ``weights``.
+    """
+
+    generation: int
+    published_at: float | None
+    weights: np.ndarray
+    positive: np.ndarray
+    available: np.ndarray
+    shed_fraction: np.ndarray
+    retry_ratio: float | None
+    selector: Any
+
+    @property
+    def source(self) -> str:
+        """``"table"`` or ``"config"``."""
+        return "config" if self.generation == 0 else "table"
+
+
+class Fleet:
+    """Engines, class rows and the current :class:`FleetState`, plus local health.
+
+    Parameters
+    ----------
+    config : Config
+        The validated configuration.
+    clock : callable, optional
+        Monotonic seconds for the outlier detector (default ``time.monotonic``).
+    """
+
+    def __init__(self, config: Config, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.engines: tuple[EngineConfig, ...] = config.engines
+        self.names = [e.name for e in self.engines]
+        self.engine_ids = np.array([engine_id(e.name) for e in self.engines], dtype=np.uint64)
+        self._index_of_id = {int(i): n for n, i in enumerate(self.engine_ids)}
+        self.models = config.models()
+        self.rows: dict[tuple[str, str], int] = {}
+        for model in self.models:
+            for priority in PRIORITIES:
+                self.rows[(model, priority)] = len(self.rows)
+        self.row_keys = np.array(
+            [class_key(config.proxy.cluster, m, p) for (m, p) in self.rows], dtype=np.uint64
+        )
+        self.zones = np.array([e.zone or "" for e in self.engines], dtype=object)
+        self.hardware = np.array([e.hardware for e in self.engines], dtype=object)
+        self._serves = np.zeros((len(self.rows), len(self.engines)), dtype=bool)
+        self._fallback = np.zeros(self._serves.shape, dtype=np.float64)
+        for (model, _), row in self.rows.items():
+            for i, e in enumerate(self.engines):
+                if model in e.models and e.role == "both":
+                    self._serves[row, i] = True
+                    self._fallback[row, i] = e.capacity_rps
+        ej = config.ejection
+        self.outlier = OutlierDetector(
+            len(self.engines),
+            consecutive_failures=ej.consecutive_failures,
+            base_ejection_s=ej.base_ejection_s,
+            max_ejection_s=max(ej.max_ejection_s, ej.base_ejection_s),
+            max_ejected_fraction=ej.max_ejected_fraction,
+        )
+        self.in_flight = np.zeros(len(self.engines), dtype=np.int64)
+        self._masks: dict[tuple[frozenset[str], str | None], np.ndarray] = {}
+        self.state = self._make_state(0, None, self._fallback.copy(), None, None, None)
+
+    @property
+    def n_engines(self) -> int:
+        """Number of engines."""
+        return len(self.engines)
+
+    # -- weights -------------------------------------------------------------------------
+
+    def _make_state(
+        self,
+        generation: int,
+        published_at: float | None,
+        weights: np.ndarray,
+        available: np.ndarray | None,
+        shed: np.ndarray | None,
+        retry_ratio: float | None,
+    ) -> FleetState:
+        weights.flags.writeable = False
+        row_max = weights.max(axis=1, keepdims=True) if weights.size else weights
+        positive = (weights > 0) & (weights >= row_max * ZERO_WEIGHT_RATIO)
+        return FleetState(
+            generation=generation,
+            published_at=published_at,
+            weights=weights,
+            positive=positive,
+            available=np.ones(self.n_engines, dtype=bool) if available is None else available,
+            shed_fraction=np.zeros(len(self.rows)) if shed is None else shed,
+            retry_ratio=retry_ratio,
+            selector=Selector(self.engine_ids, weights),
+        )
+
+    def state_from_snapshot(self, snap: TableSnapshot) -> FleetState:
+        """Map a weight-table snapshot onto the config's engines and rows."""
+        weights = self._fallback.copy()
+        shed = np.zeros(len(self.rows))
+        cols = [(n, self._index_of_id.get(int(i))) for n, i in enumerate(snap.engine_ids)]
+        cols = [(t, c) for t, c in cols if c is not None]
+        table_cols = np.array([t for t, _ in cols], dtype=np.intp)
+        our_cols = np.array([c for _, c in cols], dtype=np.intp)
+        for row, key in enumerate(self.row_keys):
+            try:
+                trow = snap.row(int(key))
+            except KeyError:
+                continue  # the controller has no row for this class: capacity weights
+            weights[row, :] = 0.0
+            weights[row, our_cols] = snap.weights[trow, table_cols]
+            shed[row] = float(snap.shed_fraction[trow])
+        weights[~self._serves] = 0.0  # never route a model to an engine not serving it
+        available = np.ones(self.n_engines, dtype=bool)
+        available[our_cols] = snap.available().astype(bool)[table_cols]
+        return self._make_state(
+            snap.generation,
+            snap.published_at,
+            weights,
+            available,
+            shed,
+            float(snap.retry_ratio),
+        )
+
+    def apply_snapshot(self, snap: TableSnapshot) -> FleetState:
+        """Adopt a new table generation; returns the new state."""
+        self.state = self.state_from_snapshot(snap)
+        return self.state
+
+    # -- per-request eligibility -----------------------------------------------------------
+
+    def request_mask(self, zones: frozenset[str], hardware: str | None) -> np.ndarray:
+        """bool mask of engines in ``zones`` (and of ``hardware``, if given)."""
+        key = (zones, hardware)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = np.array([z in zones for z in self.zones], dtype=bool)
+            if hardware is not None:
+                mask &= self.hardware == hardware
+            mask.flags.writeable = False
+            if len(self._masks) >= MAX_CACHED_MASKS:
+                self._masks.clear()
+            self._masks[key] = mask
+        return mask
+
+    def view(self, request_mask: np.ndarray) -> RequestView:
+        """A :class:`~fastroute.policy.FleetView` for one request."""
+        return RequestView(self, self.state, request_mask)
+
+    def explain(
+        self, row: int, request_mask: np.ndarray, state: FleetState
+    ) -> list[dict[str, Any]]:
+        """Why each engine of the fleet is not eligible for ``row`` (decision records)."""
+        now = self.clock()
+        reasons = self.outlier.reasons(now)
+        out: list[dict[str, Any]] = []
+        for i, name in enumerate(self.names):
+            if not self._serves[row, i]:
+                why, detail = "model", "does not serve the model (or is a P/D engine)"
+            elif not state.positive[row, i]:
+                why, detail = "weight", f"weight 0 in row {row} (generation {state.generation})"
+            elif not state.available[i]:
+                why, detail = "controller", "flagged unavailable or draining by the controller"
+            elif not request_mask[i]:
+                why, detail = "residency", f"zone {self.zones[i]!r} / hardware not allowed"
+            elif i in reasons:
+                why, detail = "ejected", reasons[i]
+            else:
+                continue
+            out.append({"engine": name, "filter": why, "detail": detail})
+        return out
+
+
+class RequestView:
+    """The :class:`~fastroute.policy.FleetView` of one request over one fleet state.
+
+    ``eligible(row)`` = weight > 0 in ``row`` AND available AND not ejected AND allowed
+    by the request's residency/hardware mask.
+    """
+
+    __slots__ = ("_fleet", "_state", "_mask")
+
+    def __init__(self, fleet: Fleet, state: FleetState, request_mask: np.ndarray) -> None:
+        self._fleet = fleet
+        self._state = state
+        self._mask = request_mask
+
+    @property
+    def selector(self) -> Any:
+        return self._state.selector
+
+    @property
+    def n_engines(self) -> int:
+        return self._fleet.n_engines
+
+    @property
+    def state(self) -> FleetState:
+        """The fleet state this view decides on."""
+        return self._state
+
+    def eligible(self, row: int) -> np.ndarray:
+        fleet = self._fleet
+        ejected_ok = fleet.outlier.available_mask(fleet.clock()).astype(bool)
+        mask = self._state.positive[row] & self._state.available & ejected_ok & self._mask
+        out = mask.view(np.uint8)
+        out.flags.writeable = False
+        return out
+
+    def in_flight(self) -> np.ndarray:
+        return self._fleet.in_flight
+
+    def in_flight_tokens(self) -> np.ndarray | None:
+        return None
+
+
+class TableWatcher:
+    """Poll a shared-memory weight table and feed new generations to a :class:`Fleet`.
+
+    Parameters
+    ----------
+    fleet : Fleet
+    name : str
+        Segment name.
+    interval_s : float
+        Poll period (the generation is one atomic load; a snapshot is taken only
+        when it changed).
+    on_change : callable, optional
+        Called with the new :class:`FleetState` after each swap.
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        name: str,
+        *,
+        interval_s: float = 0.5,
+        on_change: Callable[[FleetState], None] | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.name = name
+        self.interval_s = interval_s
+        self.on_change = on_change
+        self._reader: TableReader | None = None
+        self._last_error: str | None = None
+        self.last_generation = 0
+
+    def poll(self) -> bool:
+        """Check the table once; return True if a new generation was adopted."""
+        try:
+            if self._reader is None:
+                self._reader = TableReader(self.name)
+            else:
+                self._reader.reattach_if_replaced()
+            generation = self._reader.generation()
+            if generation == 0 or generation == self.last_generation:
+                return False
+            state = self.fleet.apply_snapshot(self._reader.snapshot())
+        except (TableError, OSError, ValueError) as exc:
+            if isinstance(exc, FileNotFoundError) and self._reader is None:
+                return False  # no table (yet): the fallback weights stay
+            text = f"{type(exc).__name__}: {exc}"
+            if text != self._last_error:
+                logger.warning(
+                    "weight table %r unusable, keeping the last good: %s", self.name, text
+                )
+                self._last_error = text
+            if self._reader is not None and not isinstance(exc, ValueError):
+                self._reader.close()
+                self._reader = None
+            return False
+        self._last_error = None
+        self.last_generation = state.generation
+        logger.info("weight table %r: generation %d adopted", self.name, state.generation)
+        if self.on_change is not None:
+            self.on_change(state)
+        return True
+
+    async def run(self) -> None:
+        """Poll forever (cancel to stop)."""
+        try:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                try:
+                    self.poll()
+                except Exception:  # never let a bad table stop the polling
+                    logger.exception("weight table %r: unexpected error while polling", self.name)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Detach from the table."""
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                self._reader.close()
+            self._reader = None

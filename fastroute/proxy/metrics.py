@@ -1,0 +1,124 @@
+"""Prometheus metrics of the proxy, all declared here, on a per-app registry.
+
+=========================================  =========  =================================
+name                                       type       labels / meaning
+=========================================  =========  =================================
+``fastroute_proxy_requests_total``         counter    class, engine, status: responses
+``fastroute_proxy_ttft_seconds``           histogram  class, engine: arrival → first chunk
+``fastroute_proxy_tbot_seconds``           histogram  class, engine: mean gap between chunks
+``fastroute_proxy_e2e_seconds``            histogram  class, engine: arrival → last byte
+``fastroute_proxy_retries_total``          counter    attempts after the first
+``fastroute_proxy_retry_refused_total``    counter    retries the budget refused
+``fastroute_proxy_upstream_failures_total`` counter   engine, kind (connect_error, ...)
+``fastroute_proxy_ejections_total``        counter    engine: local outlier ejections
+``fastroute_proxy_shed_total``             counter    class, reason (shed, admission)
+``fastroute_proxy_in_flight``              gauge      requests being handled
+``fastroute_proxy_table_generation``       gauge      weight-table generation (0 fallback)
+``fastroute_proxy_table_age_seconds``      gauge      now − the table's publish time
+=========================================  =========  =================================
+
+``engine`` is ``"none"`` for requests answered before an engine was chosen. A
+per-app :class:`~prometheus_client.CollectorRegistry` keeps several apps in one
+process (tests) apart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["ProxyMetrics", "LATENCY_BUCKETS_S", "TBOT_BUCKETS_S"]
+
+#: Buckets of TTFT and end-to-end latency, seconds.
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+#: Buckets of time between output tokens, seconds.
+TBOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
+
+
+class ProxyMetrics:
+    """The proxy's metric families on their own registry.
+
+    Parameters
+    ----------
+    table_published_at : callable
+        Returns the publish time (Unix seconds) of the current weight table, or None
+        when the fallback weights are in use; read at scrape time for the table age.
+    """
+
+    def __init__(self, table_published_at: Callable[[], float | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "fastroute_proxy_requests",
+            "Responses by class, engine and HTTP status.",
+            ["class", "engine", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "fastroute_proxy_ttft_seconds",
+            "Arrival to the first streamed chunk sent to the client.",
+            ["class", "engine"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.tbot = Histogram(
+            "fastroute_proxy_tbot_seconds",
+            "Mean time between streamed chunks of one response.",
+            ["class", "engine"],
+            buckets=TBOT_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "fastroute_proxy_e2e_seconds",
+            "Arrival to the last byte sent to the client.",
+            ["class", "engine"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.retries = Counter(
+            "fastroute_proxy_retries", "Attempts after the first one.", registry=r
+        )
+        self.retry_refused = Counter(
+            "fastroute_proxy_retry_refused", "Retries refused by the retry budget.", registry=r
+        )
+        self.upstream_failures = Counter(
+            "fastroute_proxy_upstream_failures",
+            "Failed upstream attempts by engine and kind.",
+            ["engine", "kind"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            "fastroute_proxy_ejections",
+            "Local outlier ejections by engine.",
+            ["engine"],
+            registry=r,
+        )
+        self.shed = Counter(
+            "fastroute_proxy_shed",
+            "Requests rejected with 429 by class and reason.",
+            ["class", "reason"],
+            registry=r,
+        )
+        self.in_flight = Gauge("fastroute_proxy_in_flight", "Requests being handled.", registry=r)
+        self.table_generation = Gauge(
+            "fastroute_proxy_table_generation",
+            "Weight-table generation in use (0: capacity-proportional fallback).",
+            registry=r,
+        )
+        age = Gauge(
+            "fastroute_proxy_table_age_seconds",
+            "Seconds since the weight table in use was published (NaN: fallback).",
+            registry=r,
+        )
+
+        def table_age() -> float:
+            published = table_published_at()
+            return float("nan") if published is None else max(0.0, time.time() - published)
+
+        age.set_function(table_age)
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
