@@ -1,0 +1,139 @@
+"""From LP rates to published weight rows, shed fractions, and the churn metric.
+
+Per class ``g`` (reference/algorithms.md §1.3): the weight row is ``w_ge = x_ge / Σ_e x_ge``
+(which is ``x_ge / (D_g − shed_g)`` at an optimum; dividing by the row sum makes rows sum to 1
+exactly), the shed fraction is ``σ_g = shed_g / D_g``. A fully shed class, or a class with no
+allocation, gets an all-zero row (unless a fallback row is given). Group weights are split over
+members ∝ effective capacity (exact aggregation, :mod:`controller.groups`).
+
+Churn (reference §8.3): ``TV_t = ½ Σ_g D_g Σ_e |w_ge,t − w_ge,t−1| / Σ_g D_g``, the fraction
+of traffic whose destination changed between two periods; HRW moves about twice that many
+session keys.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.groups import EngineGroups
+from fastroute.errors import TableValueError
+
+__all__ = ["class_weights", "churn", "engine_weights", "validate_weights"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def class_weights(
+    x_rps: npt.ArrayLike,
+    shed_rps: npt.ArrayLike,
+    demand_rps: npt.ArrayLike,
+    *,
+    fallback: npt.ArrayLike | None = None,
+    min_rate_rps: float = 1e-9,
+) -> tuple[FloatArray, FloatArray]:
+    """Normalised weight rows and shed fractions from an LP solution.
+
+    Parameters
+    ----------
+    x_rps : array_like, shape (n_classes, n_targets)
+        Routed rates (engines or groups), ≥ 0.
+    shed_rps : array_like, shape (n_classes,)
+        Shed rates.
+    demand_rps : array_like, shape (n_classes,)
+        The demands the LP was solved for.
+    fallback : array_like, shape (n_classes, n_targets), optional
+        Non-negative rows used (normalised) for classes that have no allocation but are not fully
+        shed, e.g. zero-demand classes; typically eligible effective capacity.
+    min_rate_rps : float
+        Row totals at or below this are "no allocation".
+
+    Returns
+    -------
+    weights : ndarray, shape (n_classes, n_targets)
+        Rows summing to 1, or all zero.
+    shed_fraction : ndarray, shape (n_classes,)
+        ``σ_g ∈ [0, 1]``; 0 for zero-demand classes.
+    """
+    x = np.asarray(x_rps, dtype=np.float64)
+    shed = np.asarray(shed_rps, dtype=np.float64)
+    demand = np.asarray(demand_rps, dtype=np.float64)
+    if x.ndim != 2 or shed.shape != (x.shape[0],) or demand.shape != shed.shape:
+        raise ValueError(f"shapes disagree: x {x.shape}, shed {shed.shape}, demand {demand.shape}")
+    total = x.sum(axis=1)
+    has = total > min_rate_rps
+    weights = np.zeros_like(x)
+    np.divide(x, total[:, None], out=weights, where=has[:, None])
+    sigma = np.clip(np.divide(shed, demand, out=np.zeros_like(shed), where=demand > 0), 0.0, 1.0)
+    if fallback is not None:
+        fb = np.asarray(fallback, dtype=np.float64)
+        if fb.shape != x.shape or np.any(~np.isfinite(fb)) or np.any(fb < 0):
+            raise ValueError("fallback must be finite, >= 0 and shaped like x_rps")
+        fb_total = fb.sum(axis=1)
+        use = ~has & (sigma < 1.0) & (fb_total > 0)
+        weights[use] = fb[use] / fb_total[use, None]
+    return weights, sigma
+
+
+def engine_weights(group_weights: npt.ArrayLike, groups: EngineGroups) -> FloatArray:
+    """Engine-level weight rows from group-level rows (split ∝ effective capacity).
+
+    A row keeps its sum (1 or 0); weight on a group with zero capacity is dropped and the row
+    renormalised.
+    """
+    wg = np.asarray(group_weights, dtype=np.float64)
+    w = groups.split(wg)
+    total = w.sum(axis=1, keepdims=True)
+    out = np.zeros_like(w)
+    np.divide(w, total, out=out, where=total > 0)
+    return out
+
+
+def validate_weights(
+    weights: npt.ArrayLike, shed_fraction: npt.ArrayLike, *, atol: float = 1e-9
+) -> None:
+    """Check rows before publishing: finite, ≥ 0, each row sums to 1 or is all zero.
+
+    Raises
+    ------
+    TableValueError
+        Naming the first offending class row and what was found.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    sigma = np.asarray(shed_fraction, dtype=np.float64)
+    if w.ndim != 2 or sigma.shape != (w.shape[0],):
+        raise TableValueError(
+            f"expected weights (n_classes, n_engines) and shed (n_classes,), "
+            f"got {w.shape} and {sigma.shape}"
+        )
+    bad = ~np.isfinite(w).all(axis=1) | (w < 0).any(axis=1)
+    if bad.any():
+        g = int(np.argmax(bad))
+        raise TableValueError(f"class row {g}: weights must be finite and >= 0, got {w[g]}")
+    sums = w.sum(axis=1)
+    bad = ~(np.isclose(sums, 1.0, rtol=0.0, atol=atol) | (sums == 0.0))
+    if bad.any():
+        g = int(np.argmax(bad))
+        raise TableValueError(
+            f"class row {g}: weights must sum to 1 or be all zero, sum {sums[g]!r}"
+        )
+    if not np.all(np.isfinite(sigma)) or np.any((sigma < 0) | (sigma > 1)):
+        raise TableValueError(f"shed fractions must lie in [0, 1], got {sigma}")
+
+
+def churn(
+    weights_prev: npt.ArrayLike, weights_now: npt.ArrayLike, demand_rps: npt.ArrayLike
+) -> float:
+    """Demand-weighted total-variation distance between two weight tables (0 … 1).
+
+    ``TV = ½ Σ_g D_g Σ_e |w_now − w_prev| / Σ_g D_g``; 0 when there is no demand.
+    """
+    w0 = np.asarray(weights_prev, dtype=np.float64)
+    w1 = np.asarray(weights_now, dtype=np.float64)
+    demand = np.asarray(demand_rps, dtype=np.float64)
+    if w0.shape != w1.shape or w0.ndim != 2 or demand.shape != (w0.shape[0],):
+        raise ValueError(f"shapes disagree: {w0.shape}, {w1.shape}, demand {demand.shape}")
+    total = float(demand.sum())
+    if total <= 0:
+        return 0.0
+    return float(0.5 * demand @ np.abs(w1 - w0).sum(axis=1) / total)

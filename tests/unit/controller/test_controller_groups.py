@@ -1,0 +1,41 @@
+"""Exact aggregation: grouping keys, capacity sums and the proportional split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.groups import group_engines, split_group
+from controller.latency import LatencyProfile
+
+
+def test_split_group_is_proportional_to_effective_capacity() -> None:
+    """Members receive x · C_i h_i / Σ C_j h_j; a capacity-less group gets nothing."""
+    out = split_group([10.0, 4.0], [8.0, 12.0, 0.0, 20.0])
+    assert np.allclose(out[0], [2.0, 3.0, 0.0, 5.0])
+    assert np.allclose(out.sum(axis=1), [10.0, 4.0])
+    assert np.array_equal(split_group([1.0], [0.0, 0.0]), np.zeros((1, 2)))
+    with pytest.raises(ValueError):
+        split_group([1.0], [-1.0])
+
+
+def test_engines_group_by_shape_distance_and_eligibility() -> None:
+    """Same shape + same RTT row + same eligibility ⇒ one group; health keeps membership."""
+    a = LatencyProfile.seed(0.1, 0.01)
+    a_copy = LatencyProfile.seed(0.1, 0.01)  # equal shape, distinct object
+    b = LatencyProfile.seed(0.3, 0.01)
+    profiles = [a, a_copy, a, b, a, a]
+    cap = np.array([8.0, 12.0, 20.0, 8.0, 8.0, 8.0])
+    health = np.array([1.0, 0.5, 1.0, 1.0, 0.0, 1.0])
+    rtt = np.array([[0.01, 0.01, 0.01, 0.01, 0.01, 0.09], [0.05] * 6])
+    elig = np.ones((2, 6), dtype=bool)
+    elig[1, 2] = False
+    groups = group_engines(profiles, cap, elig, rtt, health=health)
+    # {0, 1, 4} (4 is failed but still a member), {2} (eligibility), {3} (shape), {5} (distance)
+    assert [m.tolist() for m in groups.members] == [[0, 1, 4], [2], [3], [5]]
+    assert np.allclose(groups.capacity_rps, [8.0 + 6.0 + 0.0, 20.0, 8.0, 8.0])
+    assert groups.profiles[2] is b
+    assert groups.eligible.tolist() == [[True] * 4, [True, False, True, True]]
+    x = groups.split(np.array([[14.0, 1.0, 0.0, 2.0], [7.0, 0.0, 0.0, 0.0]]))
+    assert np.allclose(x[0], [8.0, 6.0, 1.0, 0.0, 0.0, 2.0])
+    assert np.allclose(x[1], [4.0, 3.0, 0.0, 0.0, 0.0, 0.0])

@@ -1,0 +1,63 @@
+"""Weight rows, shed fractions, validation before publishing, and the churn metric."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.groups import group_engines
+from controller.latency import LatencyProfile
+from controller.weights import churn, class_weights, engine_weights, validate_weights
+from fastroute.errors import TableValueError
+
+
+def test_class_weights_normalise_served_traffic() -> None:
+    """w = x / (D − shed), σ = shed / D; fully shed → zero row; zero demand → fallback row."""
+    x = np.array([[3.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    weights, sigma = class_weights(
+        x, [1.0, 5.0, 0.0], [5.0, 5.0, 0.0], fallback=np.array([[1.0, 1.0, 2.0]] * 3)
+    )
+    assert weights[0] == pytest.approx([0.75, 0.25, 0.0])
+    assert weights[1].tolist() == [0.0, 0.0, 0.0]  # fully shed: no fallback
+    assert weights[2] == pytest.approx([0.25, 0.25, 0.5])  # zero demand: fallback
+    assert sigma == pytest.approx([0.2, 1.0, 0.0])
+    validate_weights(weights, sigma)
+
+
+def test_engine_weights_split_groups_by_effective_capacity() -> None:
+    """Group rows become engine rows ∝ C·h inside each group and still sum to 1."""
+    p = LatencyProfile.seed(0.1, 0.01)
+    rtt = np.array([[0.01, 0.01, 0.05]])
+    groups = group_engines([p, p, p], [10.0, 30.0, 5.0], np.ones((1, 3), bool), rtt)
+    w = engine_weights(np.array([[0.8, 0.2]]), groups)
+    assert w[0] == pytest.approx([0.2, 0.6, 0.2])
+    validate_weights(w, np.zeros(1))
+
+
+@pytest.mark.parametrize(
+    ("weights", "sigma", "match"),
+    [
+        ([[0.5, np.nan]], [0.0], "finite"),
+        ([[1.5, -0.5]], [0.0], ">= 0"),
+        ([[0.5, 0.4]], [0.0], "sum to 1"),
+        ([[0.5, 0.5]], [1.5], r"\[0, 1\]"),
+        ([[1.0]], [0.0, 0.0], "expected"),
+    ],
+)
+def test_validation_rejects_bad_tables(weights, sigma, match) -> None:
+    """NaN, negative, mis-normalised rows and shed fractions outside [0, 1] are refused."""
+    with pytest.raises(TableValueError, match=match):
+        validate_weights(np.asarray(weights), np.asarray(sigma))
+
+
+def test_churn_is_demand_weighted_total_variation(rand) -> None:
+    """Identical tables → 0; a full swap → 1; one class of two half-moved → D-weighted ½·TV."""
+    w = rand.np.dirichlet(np.ones(4), 3)
+    demand = np.array([1.0, 2.0, 1.0])
+    assert churn(w, w, demand) == 0.0
+    a = np.array([[1.0, 0.0], [1.0, 0.0]])
+    b = np.array([[0.0, 1.0], [0.0, 1.0]])
+    assert churn(a, b, [1.0, 3.0]) == pytest.approx(1.0)
+    c = np.array([[0.5, 0.5], [1.0, 0.0]])
+    assert churn(a, c, [1.0, 3.0]) == pytest.approx(0.5 * 1.0 / 4.0)
+    assert churn(a, b, [0.0, 0.0]) == 0.0
