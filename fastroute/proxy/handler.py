@@ -50,6 +50,7 @@ from fastroute.proxy.requests import (
 from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.proxy.routing_key import estimate_prompt_tokens, routing_key
 from fastroute.proxy.upstream import HOP_BY_HOP, UpstreamError, UpstreamPool
+from fastroute.signals.reports import DemandAggregator, completion_tokens_of
 
 __all__ = ["ProxyContext", "InferenceHandler", "build_policies", "PREFIX_BYTES"]
 
@@ -139,6 +140,9 @@ class ProxyContext:
     metrics : ProxyMetrics
     upstream : UpstreamPool or None
         Created on startup (it needs the running loop).
+    aggregator : DemandAggregator or None
+        Per-window report counters, set by ``install_signal_tasks`` when a
+        controller is configured; None: nothing is counted.
     """
 
     config: Config
@@ -149,6 +153,7 @@ class ProxyContext:
     decisions: DecisionLog
     metrics: ProxyMetrics
     upstream: UpstreamPool | None = None
+    aggregator: DemandAggregator | None = None
     ready: bool = False
     draining: bool = False
 
@@ -356,6 +361,8 @@ class InferenceHandler:
             record.timings["done"] = loop.time() - t0
             engine = record.attempts[-1].engine if record.attempts else "none"
             ctx.metrics.requests.labels(record.class_name or "none", engine, str(status)).inc()
+            if ctx.aggregator is not None and status == 429 and record.attempts:
+                ctx.aggregator.observe_rejected(int(ctx.fleet.row_keys[record.row]))
             if response is not None and status < 400:
                 ctx.metrics.e2e.labels(record.class_name, engine).observe(loop.time() - t0)
 
@@ -379,6 +386,10 @@ class InferenceHandler:
         retry_after = {"Retry-After": str(config.admission.retry_after_s)}
         if should_shed(key, float(state.shed_fraction[cls.row])):
             ctx.metrics.shed.labels(cls.cls.name, "shed").inc()
+            if ctx.aggregator is not None:
+                ctx.aggregator.observe_request(
+                    int(fleet.row_keys[cls.row]), estimate_prompt_tokens(parsed), shed=True
+                )
             record.error = "shed by the controller's shed fraction"
             return error_response(
                 429,
@@ -392,6 +403,10 @@ class InferenceHandler:
                     await ctx.admission.acquire()
                 except AdmissionRejected as exc:
                     ctx.metrics.shed.labels(cls.cls.name, "admission").inc()
+                    if ctx.aggregator is not None:
+                        ctx.aggregator.observe_request(
+                            int(fleet.row_keys[cls.row]), estimate_prompt_tokens(parsed), shed=True
+                        )
                     record.error = str(exc)
                     return error_response(
                         429,
@@ -426,6 +441,8 @@ class InferenceHandler:
             prompt_tokens=estimate_prompt_tokens(parsed) if kind != "embeddings" else 0,
             prefix=_prefix(parsed) if policy.needs_prefix else b"",
         )
+        if ctx.aggregator is not None:
+            ctx.aggregator.observe_request(int(fleet.row_keys[cls.row]), route.prompt_tokens)
         decision = policy.choose(route, view, k=config.policy.top_k)
         record.policy, record.reason = decision.policy, decision.reason
         record.filters = fleet.explain(cls.row, mask, state)
@@ -495,6 +512,9 @@ class InferenceHandler:
             ctx.metrics.upstream_failures.labels(attempt.engine, attempt.outcome).inc()
         if ctx.fleet.outlier.record(index, outcome, ctx.fleet.clock()):
             ctx.metrics.ejections.labels(attempt.engine).inc()
+        if ctx.aggregator is not None:
+            ok = outcome is Outcome.SUCCESS
+            ctx.aggregator.observe_attempt(int(ctx.fleet.engine_ids[index]), ok, attempt.outcome)
 
     async def _attempt(
         self,
@@ -548,6 +568,9 @@ class InferenceHandler:
                         self._record_outcome(index, exc.outcome, attempt)
                         raise _Retryable(exc) from None
                     self._record_outcome(index, Outcome.SUCCESS, attempt)
+                    if ctx.aggregator is not None:
+                        row_key = int(fleet.row_keys[cls.row])
+                        ctx.aggregator.observe_output(row_key, completion_tokens_of(data))
                     result = web.Response(
                         status=resp.status, body=data, headers=self._response_headers(resp, record)
                     )
@@ -707,6 +730,11 @@ class InferenceHandler:
             tbot = (last_at - first_at) / (n_chunks - 1)
             record.timings["tbot_s"] = tbot
             ctx.metrics.tbot.labels(*labels).observe(tbot)
+        if ctx.aggregator is not None:
+            tbot_s = record.timings.get("tbot_s") if n_chunks > 1 else None
+            engine_id = int(ctx.fleet.engine_ids[index])
+            ctx.aggregator.observe_latency(engine_id, first_at - t0, tbot_s)
+            ctx.aggregator.observe_output(int(ctx.fleet.row_keys[cls.row]), n_chunks)
         return out
 
 

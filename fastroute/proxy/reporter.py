@@ -1,0 +1,126 @@
+"""Post the worker's per-window report to the controller (DESIGN.md §4).
+
+Every ``interval_s`` the :class:`Reporter` drains the worker's
+:class:`~fastroute.signals.reports.DemandAggregator` and posts
+:func:`~fastroute.signals.reports.encode_report` to ``{controller_url}/v1/reports``
+(``Content-Type: application/msgpack``). A post that fails or takes longer than
+``timeout_s`` is dropped and counted, never queued: the next window carries fresh
+numbers, and the controller treats a missing window as missing data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+import aiohttp
+
+from fastroute.signals.reports import DemandAggregator, encode_report
+
+__all__ = ["Reporter", "REPORT_CONTENT_TYPE"]
+
+logger = logging.getLogger(__name__)
+
+REPORT_CONTENT_TYPE = "application/msgpack"
+
+#: Returns ``(in_flight, ejected)`` by engine id, read at each drain.
+EngineState = Callable[[], tuple[Mapping[int, int], Mapping[int, bool]]]
+
+
+class Reporter:
+    """Drain an aggregator and post its report every ``interval_s``.
+
+    Parameters
+    ----------
+    controller_url : str
+        ``http(s)://host:port`` of the controller.
+    aggregator : DemandAggregator
+    interval_s : float
+        Report period, seconds.
+    timeout_s : float, optional
+        Timeout of one post; default ``min(1.0, 0.8 * interval_s)``, so posts never
+        overlap.
+    engine_state : callable, optional
+        Returns ``(in_flight, ejected)`` mappings by engine id for each report.
+
+    Attributes
+    ----------
+    sent_total, failed_total : int
+        Reports accepted (2xx) / dropped.
+    last_error : str or None
+    """
+
+    def __init__(
+        self,
+        controller_url: str,
+        aggregator: DemandAggregator,
+        *,
+        interval_s: float = 1.0,
+        timeout_s: float | None = None,
+        engine_state: EngineState | None = None,
+    ) -> None:
+        self.url = controller_url.rstrip("/") + "/v1/reports"
+        self.aggregator = aggregator
+        self.interval_s = interval_s
+        self.timeout_s = min(1.0, 0.8 * interval_s) if timeout_s is None else timeout_s
+        self.engine_state = engine_state
+        self.sent_total = 0
+        self.failed_total = 0
+        self.last_error: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def report_once(self, now_s: float | None = None) -> bool:
+        """Drain the current window and post it; return True if the controller took it."""
+        in_flight, ejected = self.engine_state() if self.engine_state else (None, None)
+        body = encode_report(self.aggregator.drain(now_s, in_flight=in_flight, ejected=ejected))
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2))
+        try:
+            async with self._session.post(
+                self.url,
+                data=body,
+                headers={"Content-Type": REPORT_CONTENT_TYPE},
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            ) as resp:
+                await resp.read()
+                if resp.status >= 300:
+                    raise aiohttp.ClientResponseError(
+                        resp.request_info, (), status=resp.status, message="report refused"
+                    )
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self.failed_total += 1
+            text = f"{type(exc).__name__}: {exc}"
+            if text != self.last_error:
+                logger.warning("report to %s dropped: %s", self.url, text)
+            self.last_error = text
+            return False
+        self.sent_total += 1
+        self.last_error = None
+        return True
+
+    async def run(self) -> None:
+        """Report at a fixed rate forever (cancel to stop); missed ticks are skipped."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + self.interval_s
+        try:
+            while True:
+                await asyncio.sleep(max(0.0, next_at - loop.time()))
+                try:
+                    await self.report_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # never let a bug stop the reports
+                    logger.exception("report to %s: unexpected error", self.url)
+                now = loop.time()
+                next_at += self.interval_s
+                if next_at < now:
+                    next_at = now + self.interval_s
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

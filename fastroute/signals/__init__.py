@@ -1,0 +1,57 @@
+"""The signal path (DESIGN.md §4): engine ``/metrics`` parsing and data-plane reports.
+
+* :mod:`fastroute.signals.vllm`: vLLM Prometheus text → :class:`EngineSignals`,
+  and window math over cumulative histograms;
+* :mod:`fastroute.signals.reports`: the data plane's per-window :class:`Report`
+  (msgpack), and the :class:`DemandAggregator` the request path feeds;
+* :mod:`fastroute.signals.histogram`: the mergeable log-bucket latency histogram.
+
+Builds on ``msgspec``, ``prometheus_client`` and :mod:`fastroute.errors` only, so
+the controller can import it.
+"""
+
+from fastroute.signals.histogram import LogHistogram
+from fastroute.signals.reports import (
+    REPORT_VERSION,
+    ClassDemand,
+    DemandAggregator,
+    EngineReport,
+    LatencySummary,
+    Report,
+    ReportError,
+    ReportVersionError,
+    decode_report,
+    encode_report,
+)
+from fastroute.signals.vllm import (
+    CumulativeHistogram,
+    EngineSignals,
+    HistogramWindow,
+    MetricsParseError,
+    bucket_quantile,
+    histogram_window,
+    merge_signals,
+    parse_vllm_metrics,
+)
+
+__all__ = [
+    "LogHistogram",
+    "REPORT_VERSION",
+    "ClassDemand",
+    "DemandAggregator",
+    "EngineReport",
+    "LatencySummary",
+    "Report",
+    "ReportError",
+    "ReportVersionError",
+    "decode_report",
+    "encode_report",
+    "CumulativeHistogram",
+    "EngineSignals",
+    "HistogramWindow",
+    "MetricsParseError",
+    "bucket_quantile",
+    "histogram_window",
+    "merge_signals",
+    "parse_vllm_metrics",
+]

@@ -1,0 +1,394 @@
+"""Parse an engine's Prometheus ``/metrics`` text into :class:`EngineSignals` (DESIGN.md §4).
+
+Metrics read (vLLM names; both generations are accepted, the current one wins when
+an engine exposes both):
+
+========================================================  ===========================
+metric                                                    field
+========================================================  ===========================
+``vllm:num_requests_running``                             ``num_requests_running``
+``vllm:num_requests_waiting``                             ``num_requests_waiting``
+``vllm:kv_cache_usage_perc`` (older
+``vllm:gpu_cache_usage_perc``)                            ``kv_cache_usage`` (0..1)
+``vllm:prefix_cache_queries_total``                       ``prefix_cache_queries_total``
+``vllm:prefix_cache_hits_total``                          ``prefix_cache_hits_total``
+``vllm:num_preemptions_total``                            ``preemptions_total``
+``vllm:time_to_first_token_seconds``                      ``ttft_s`` (histogram)
+``vllm:inter_token_latency_seconds`` (older
+``vllm:time_per_output_token_seconds``)                   ``itl_s`` (histogram)
+``vllm:e2e_request_latency_seconds``                      ``e2e_s`` (histogram)
+========================================================  ===========================
+
+Series are grouped by their ``model_name`` label (``""`` when absent). Series of
+one model that differ in other labels (vLLM's ``engine`` label under data
+parallelism) are summed, except ``kv_cache_usage``, which is averaged.
+
+A missing metric is ``None``; malformed text raises :class:`MetricsParseError`.
+Histograms are cumulative since the engine started: :func:`histogram_window`
+turns two successive scrapes into one window's count, mean and quantiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from fastroute.errors import FastrouteError
+
+__all__ = [
+    "MetricsParseError",
+    "CumulativeHistogram",
+    "HistogramWindow",
+    "EngineSignals",
+    "parse_vllm_metrics",
+    "merge_signals",
+    "histogram_window",
+    "bucket_quantile",
+]
+
+
+class MetricsParseError(FastrouteError, ValueError):
+    """The ``/metrics`` text is not valid Prometheus exposition text."""
+
+
+class CumulativeHistogram(msgspec.Struct, array_like=True, frozen=True):
+    """A Prometheus histogram as scraped: cumulative since the engine started.
+
+    Attributes
+    ----------
+    sum : float
+        ``_sum``: total of observed values (seconds for latency histograms).
+    count : float
+        ``_count``: number of observations.
+    buckets : tuple of (float, float)
+        ``(le, cumulative count)`` pairs in increasing ``le`` order, ``+Inf`` last
+        when the engine exposes it.
+    """
+
+    sum: float
+    count: float
+    buckets: tuple[tuple[float, float], ...]
+
+
+class HistogramWindow(msgspec.Struct, frozen=True):
+    """Observations between two scrapes of one cumulative histogram.
+
+    Attributes
+    ----------
+    count : float
+        Observations in the window.
+    sum : float
+        Their total.
+    buckets : tuple of (float, float)
+        ``(le, cumulative count within the window)``.
+    reset : bool
+        The counters went backwards (engine restart); the window is the newer scrape.
+    """
+
+    count: float
+    sum: float
+    buckets: tuple[tuple[float, float], ...]
+    reset: bool = False
+
+    @property
+    def mean(self) -> float | None:
+        """Mean observed value, or None for an empty window."""
+        return self.sum / self.count if self.count > 0 else None
+
+    def quantile(self, q: float) -> float | None:
+        """Quantile ``q`` in [0, 1], interpolated as Prometheus' ``histogram_quantile``."""
+        return bucket_quantile(q, self.buckets)
+
+
+class EngineSignals(msgspec.Struct, kw_only=True):
+    """What one scrape says about one model on one engine.
+
+    Attributes
+    ----------
+    model_name : str
+        The ``model_name`` label (``""`` if the engine does not label its series).
+    num_requests_running : float or None
+    num_requests_waiting : float or None
+    kv_cache_usage : float or None
+        KV-cache usage as a fraction (1 = full).
+    prefix_cache_queries_total : float or None
+        Queried prompt tokens, cumulative.
+    prefix_cache_hits_total : float or None
+        Prompt tokens found in the prefix cache, cumulative.
+    preemptions_total : float or None
+        Cumulative preemptions.
+    ttft_s : CumulativeHistogram or None
+        Time to first token, seconds.
+    itl_s : CumulativeHistogram or None
+        Inter-token latency (time per output token), seconds.
+    e2e_s : CumulativeHistogram or None
+        End-to-end request latency, seconds.
+    scraped_at_s : float
+        Unix time the scrape completed.
+    scrape_duration_s : float
+        How long the scrape took (request and read), seconds.
+    """
+
+    model_name: str = ""
+    num_requests_running: float | None = None
+    num_requests_waiting: float | None = None
+    kv_cache_usage: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    preemptions_total: float | None = None
+    ttft_s: CumulativeHistogram | None = None
+    itl_s: CumulativeHistogram | None = None
+    e2e_s: CumulativeHistogram | None = None
+    scraped_at_s: float = 0.0
+    scrape_duration_s: float = 0.0
+
+    @property
+    def prefix_cache_hit_ratio(self) -> float | None:
+        """Cumulative hits / queries, or None when unknown or no queries yet."""
+        q, h = self.prefix_cache_queries_total, self.prefix_cache_hits_total
+        if q is None or h is None or q <= 0:
+            return None
+        return h / q
+
+
+# sample name -> (field, priority); a lower priority wins when both generations appear.
+_SCALARS: dict[str, tuple[str, int]] = {
+    "vllm:num_requests_running": ("num_requests_running", 0),
+    "vllm:num_requests_waiting": ("num_requests_waiting", 0),
+    "vllm:kv_cache_usage_perc": ("kv_cache_usage", 0),
+    "vllm:gpu_cache_usage_perc": ("kv_cache_usage", 1),
+    "vllm:prefix_cache_queries_total": ("prefix_cache_queries_total", 0),
+    "vllm:prefix_cache_hits_total": ("prefix_cache_hits_total", 0),
+    "vllm:num_preemptions_total": ("preemptions_total", 0),
+}
+_HISTOGRAMS: dict[str, tuple[str, int]] = {
+    "vllm:time_to_first_token_seconds": ("ttft_s", 0),
+    "vllm:inter_token_latency_seconds": ("itl_s", 0),
+    "vllm:time_per_output_token_seconds": ("itl_s", 1),
+    "vllm:e2e_request_latency_seconds": ("e2e_s", 0),
+}
+_AVERAGED = frozenset({"kv_cache_usage"})
+
+
+class _HistAcc:
+    __slots__ = ("sum", "count", "buckets")
+
+    def __init__(self) -> None:
+        self.sum = 0.0
+        self.count = 0.0
+        self.buckets: dict[float, float] = {}
+
+    def freeze(self) -> CumulativeHistogram:
+        return CumulativeHistogram(
+            self.sum, self.count, tuple(sorted(self.buckets.items(), key=lambda kv: kv[0]))
+        )
+
+
+def parse_vllm_metrics(
+    text: str, *, scraped_at_s: float = 0.0, scrape_duration_s: float = 0.0
+) -> dict[str, EngineSignals]:
+    """Parse an engine's ``/metrics`` text into signals, one per ``model_name``.
+
+    Parameters
+    ----------
+    text : str
+        Prometheus text exposition format (0.0.4).
+    scraped_at_s, scrape_duration_s : float
+        Copied into every result.
+
+    Returns
+    -------
+    dict of str to EngineSignals
+        Keyed by ``model_name``; empty when the text has no vLLM metric at all.
+
+    Raises
+    ------
+    MetricsParseError
+        The text is not valid exposition format (a bad line, a non-numeric value).
+    """
+    # (model, field) -> (priority, summed value, number of series)
+    scalars: dict[tuple[str, str], tuple[int, float, int]] = {}
+    hists: dict[tuple[str, str], tuple[int, _HistAcc]] = {}
+    models: set[str] = set()
+    try:
+        for family in text_string_to_metric_families(text):
+            if not family.name.startswith("vllm:"):
+                continue
+            for sample in family.samples:
+                name = sample.name
+                model = sample.labels.get("model_name", "")
+                value = float(sample.value)
+                scalar = _SCALARS.get(name)
+                if scalar is not None:
+                    fld, prio = scalar
+                    models.add(model)
+                    old = scalars.get((model, fld))
+                    if old is None or prio < old[0]:
+                        scalars[(model, fld)] = (prio, value, 1)
+                    elif prio == old[0]:
+                        scalars[(model, fld)] = (prio, old[1] + value, old[2] + 1)
+                    continue
+                base, _, suffix = name.rpartition("_")
+                hist = _HISTOGRAMS.get(base)
+                if hist is None or suffix not in ("bucket", "sum", "count"):
+                    continue
+                fld, prio = hist
+                models.add(model)
+                cur = hists.get((model, fld))
+                if cur is None or prio < cur[0]:
+                    cur = (prio, _HistAcc())
+                    hists[(model, fld)] = cur
+                elif prio > cur[0]:
+                    continue
+                acc = cur[1]
+                if suffix == "sum":
+                    acc.sum += value
+                elif suffix == "count":
+                    acc.count += value
+                else:
+                    le = float(sample.labels.get("le", "nan"))
+                    if math.isnan(le):
+                        raise MetricsParseError(f"{name} sample without a valid 'le' label")
+                    acc.buckets[le] = acc.buckets.get(le, 0.0) + value
+    except MetricsParseError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise MetricsParseError(f"malformed Prometheus text: {exc}") from None
+    out: dict[str, EngineSignals] = {}
+    for model in sorted(models):
+        sig = EngineSignals(
+            model_name=model, scraped_at_s=scraped_at_s, scrape_duration_s=scrape_duration_s
+        )
+        out[model] = sig
+    for (model, fld), (_, total, n) in scalars.items():
+        setattr(out[model], fld, total / n if fld in _AVERAGED else total)
+    for (model, fld), (_, acc) in hists.items():
+        setattr(out[model], fld, acc.freeze())
+    return out
+
+
+def _merge_hist(
+    a: CumulativeHistogram | None, b: CumulativeHistogram | None
+) -> CumulativeHistogram | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    buckets = dict(a.buckets)
+    for le, c in b.buckets:
+        buckets[le] = buckets.get(le, 0.0) + c
+    return CumulativeHistogram(a.sum + b.sum, a.count + b.count, tuple(sorted(buckets.items())))
+
+
+def merge_signals(signals: Sequence[EngineSignals], model_name: str = "") -> EngineSignals:
+    """One engine-wide :class:`EngineSignals` from its per-model parts.
+
+    Counts, counters and histograms are summed (histograms bucket by bucket);
+    ``kv_cache_usage`` is averaged over the parts that report it.
+
+    Parameters
+    ----------
+    signals : sequence of EngineSignals
+        Typically ``parse_vllm_metrics(text).values()``.
+    model_name : str
+        ``model_name`` of the result.
+    """
+    out = EngineSignals(model_name=model_name)
+    kv: list[float] = []
+    for s in signals:
+        for fld in (
+            "num_requests_running",
+            "num_requests_waiting",
+            "prefix_cache_queries_total",
+            "prefix_cache_hits_total",
+            "preemptions_total",
+        ):
+            v = getattr(s, fld)
+            if v is not None:
+                cur = getattr(out, fld)
+                setattr(out, fld, v if cur is None else cur + v)
+        if s.kv_cache_usage is not None:
+            kv.append(s.kv_cache_usage)
+        out.ttft_s = _merge_hist(out.ttft_s, s.ttft_s)
+        out.itl_s = _merge_hist(out.itl_s, s.itl_s)
+        out.e2e_s = _merge_hist(out.e2e_s, s.e2e_s)
+        out.scraped_at_s = max(out.scraped_at_s, s.scraped_at_s)
+        out.scrape_duration_s = max(out.scrape_duration_s, s.scrape_duration_s)
+    out.kv_cache_usage = sum(kv) / len(kv) if kv else None
+    return out
+
+
+def histogram_window(
+    previous: CumulativeHistogram | None, current: CumulativeHistogram
+) -> HistogramWindow:
+    """The observations between two scrapes of the same cumulative histogram.
+
+    Parameters
+    ----------
+    previous : CumulativeHistogram or None
+        The earlier scrape; None means "since the engine started".
+    current : CumulativeHistogram
+        The later scrape.
+
+    Returns
+    -------
+    HistogramWindow
+        Differences of sum, count and each bucket. If the count went down (the
+        engine restarted, its counters reset), the window is ``current`` alone and
+        ``reset`` is True. Buckets only one scrape has are treated as 0 in the other.
+    """
+    if previous is None:
+        return HistogramWindow(current.count, current.sum, current.buckets)
+    if current.count < previous.count:
+        return HistogramWindow(current.count, current.sum, current.buckets, reset=True)
+    prev = dict(previous.buckets)
+    buckets = tuple((le, max(0.0, c - prev.get(le, 0.0))) for le, c in current.buckets)
+    return HistogramWindow(current.count - previous.count, current.sum - previous.sum, buckets)
+
+
+def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Quantile ``q`` of cumulative ``(le, count)`` buckets, like PromQL ``histogram_quantile``.
+
+    Linear interpolation inside the bucket holding the rank; the lowest bucket
+    interpolates from 0 (latencies are non-negative); a rank in the ``+Inf`` bucket
+    returns the largest finite bound.
+
+    Parameters
+    ----------
+    q : float
+        In [0, 1].
+    buckets : sequence of (float, float)
+        Cumulative counts in increasing ``le`` order.
+
+    Returns
+    -------
+    float or None
+        None when there are no observations (or no buckets).
+
+    Raises
+    ------
+    ValueError
+        ``q`` outside [0, 1].
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    if not buckets:
+        return None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_le, lower_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank and count > lower_count:
+            if math.isinf(le):
+                return lower_le
+            frac = (rank - lower_count) / (count - lower_count)
+            return lower_le + (le - lower_le) * frac
+        if not math.isinf(le):
+            lower_le = le
+        lower_count = count
+    return lower_le
