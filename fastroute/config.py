@@ -375,7 +375,8 @@ class RetryConfig(_Section):
     ----------
     ratio : float
         Retries allowed per original request over ``ttl_s`` (0.1 bounds load
-        amplification to 1.1). The controller may publish a lower ratio.
+        amplification to 1.1; 0 leaves only the ``min_retries_per_s`` floor). The
+        controller may publish a lower ratio.
     min_retries_per_s : float
         Floor so low-traffic proxies can still retry: this many retries per second
         are always allowed.
@@ -388,7 +389,7 @@ class RetryConfig(_Section):
         be retried; connection failures and timeouts before the first byte always may.
     """
 
-    ratio: Fraction = 0.1
+    ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
     min_retries_per_s: Annotated[float, msgspec.Meta(ge=0, le=1e6)] = 2.0
     ttl_s: PositiveSeconds = 10.0
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=1)] = 1
