@@ -1,8 +1,17 @@
-"""``fastroute serve``: run the routing proxy (data plane), one worker process.
+"""``fastroute serve``: run the routing proxy (data plane).
 
-Reads the config, builds the app (:func:`fastroute.proxy.app.make_app`) and serves it
-on uvloop. SIGTERM/SIGINT drain: the listener closes at once, ``/health`` turns 503,
-and in-flight requests (streams included) get ``proxy.drain_timeout_s`` to finish.
+``fastroute serve --config FILE [--workers N]`` starts a supervisor
+(:mod:`fastroute.proxy.supervisor`) that creates the host's shared stats block and runs
+N worker processes (default ``proxy.workers``) on one address with ``SO_REUSEPORT``.
+Each worker reads the config, attaches the stats block, builds the app
+(:func:`fastroute.proxy.app.make_app`) and serves it on uvloop.
+
+Signals (to the supervisor, which forwards them): SIGTERM/SIGINT drain — listeners
+close at once, ``/health`` turns 503, in-flight requests (streams included) get
+``proxy.drain_timeout_s`` to finish; SIGHUP reloads the config in every worker without
+closing the listeners (:func:`fastroute.proxy.app.reload_config`).
+
+``--worker INDEX --supervisor-pid PID --stats-name NAME`` (internal) runs one worker.
 """
 
 from __future__ import annotations
@@ -20,46 +29,144 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="TOML config file")
     parser.add_argument("--host", default=None, help="listen address (default: proxy.host)")
     parser.add_argument("--port", type=int, default=None, help="listen port (default: proxy.port)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes (default: proxy.workers)",
+    )
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--supervisor-pid", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--stats-name", default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; return the exit status."""
     import sys
 
-    import uvloop
-    from aiohttp import web
-
     from fastroute.config import ConfigError, load_config
+    from fastroute.errors import TableError
     from fastroute.policy import PolicyConfigError
-    from fastroute.proxy.app import make_app
 
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    if config.proxy.workers > 1:
-        logger.warning(
-            "proxy.workers = %d: this version runs one worker process", config.proxy.workers
-        )
-    try:
-        app = make_app(config)
-    except PolicyConfigError as exc:
-        print(f"{args.config}: {exc}", file=sys.stderr)
-        return 1
     host = args.host if args.host is not None else config.proxy.host
     port = args.port if args.port is not None else config.proxy.port
     if not 0 <= port <= 65535:
         print(f"--port must be in 0..65535, got {port}", file=sys.stderr)
         return 2
-    web.run_app(
-        app,
+    if args.worker is not None:
+        return _run_worker(args, config, host, port)
+    workers = args.workers if args.workers is not None else config.proxy.workers
+    if not 1 <= workers <= 1024:
+        print(f"--workers must be in 1..1024, got {workers}", file=sys.stderr)
+        return 2
+    try:  # fail here, once, rather than in every worker
+        from fastroute.proxy.handler import build_policies
+
+        build_policies(config)
+    except PolicyConfigError as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
+        return 1
+
+    from fastroute.proxy.supervisor import Supervisor, config_path_of
+
+    supervisor = Supervisor(
+        config_path_of(args.config),
+        config,
+        workers=workers,
         host=host,
         port=port,
-        shutdown_timeout=config.proxy.drain_timeout_s,
-        handler_cancellation=True,
-        access_log=None,
-        print=lambda text: logger.info("%s", text.strip()),
-        loop=uvloop.new_event_loop(),
+        log_level=logging.getLevelName(logging.getLogger().level),
     )
+    try:
+        return supervisor.run()
+    except (TableError, OSError) as exc:
+        print(f"fastroute serve: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) -> int:
+    import asyncio
+    import signal
+    import sys
+
+    import uvloop
+    from aiohttp import web
+
+    from fastroute.config import Config
+    from fastroute.errors import TableError
+    from fastroute.policy import PolicyConfigError
+    from fastroute.proxy.app import make_app, reload_config
+    from fastroute.proxy.supervisor import set_parent_death_signal, worker_parent_alive
+    from fastroute.tables.stats import StatsBlock
+
+    assert isinstance(config, Config)
+    early_hup: list[int] = []  # a SIGHUP before the loop's handler: reload once serving
+    signal.signal(signal.SIGHUP, lambda signum, frame: early_hup.append(signum))
+    if args.supervisor_pid is not None:
+        set_parent_death_signal(signal.SIGTERM)
+        if not worker_parent_alive(args.supervisor_pid):
+            print("fastroute serve --worker: the supervisor is gone", file=sys.stderr)
+            return 1
+    try:
+        stats = StatsBlock.attach(args.stats_name or config.proxy.stats_name)
+    except (TableError, OSError) as exc:
+        print(f"fastroute serve --worker: stats block: {exc}", file=sys.stderr)
+        return 1
+    try:
+        try:
+            app = make_app(config, stats_block=stats, config_path=args.config)
+        except PolicyConfigError as exc:
+            print(f"{args.config}: {exc}", file=sys.stderr)
+            return 1
+
+        async def serve() -> None:
+            loop = asyncio.get_running_loop()
+            runner = web.AppRunner(
+                app,
+                handle_signals=False,
+                handler_cancellation=True,
+                access_log=None,
+                shutdown_timeout=config.proxy.drain_timeout_s,
+            )
+            await runner.setup()
+            stop = asyncio.Event()
+            reloads: set[asyncio.Task[bool]] = set()
+
+            def on_hup() -> None:
+                task = loop.create_task(reload_config(app))
+                reloads.add(task)
+                task.add_done_callback(reloads.discard)
+
+            try:
+                site = web.TCPSite(runner, host, port, reuse_port=True)
+                await site.start()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(signal.SIGHUP, on_hup)
+                if early_hup:
+                    on_hup()
+                logger.info("worker %d (pid %d) serving on %s:%d", args.worker, _pid(), host, port)
+                await stop.wait()
+                logger.info("worker %d: draining", args.worker)
+            finally:
+                await runner.cleanup()  # stops listening, waits for in-flight requests
+                for task in list(reloads):
+                    task.cancel()
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve())
+    finally:
+        stats.close()
     return 0
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

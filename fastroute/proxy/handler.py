@@ -51,6 +51,7 @@ from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.proxy.routing_key import estimate_prompt_tokens, routing_key
 from fastroute.proxy.upstream import HOP_BY_HOP, UpstreamError, UpstreamPool
 from fastroute.signals.reports import DemandAggregator, completion_tokens_of
+from fastroute.tables.stats import Ewma
 
 __all__ = ["ProxyContext", "InferenceHandler", "build_policies", "PREFIX_BYTES"]
 
@@ -539,7 +540,7 @@ class InferenceHandler:
         record.attempts.append(attempt)
         started = loop.time()
         policy.on_routed(route, engine_id)
-        fleet.in_flight[index] += 1
+        fleet.attempt_started(index)
         ok = False
         try:
             headers = self._forward_headers(request, engine.api_key, record.request_id)
@@ -580,7 +581,9 @@ class InferenceHandler:
                 resp.close()  # no-op once the body was read to its end
         finally:
             attempt.duration_s = loop.time() - started
-            fleet.in_flight[index] -= 1
+            fleet.attempt_finished(index)
+            if ok:
+                fleet.observe(index, Ewma.E2E_S, loop.time() - t0)
             policy.on_complete(route, engine_id, ok)
 
     def _response_headers(
@@ -698,6 +701,7 @@ class InferenceHandler:
         record.timings["first_token"] = first_at - t0
         labels = (cls.cls.name, attempt.engine)
         ctx.metrics.ttft.labels(*labels).observe(first_at - t0)
+        ctx.fleet.observe(index, Ewma.TTFT_S, first_at - t0)
         n_chunks = 0
         tail = b""
         failure: UpstreamError | None = None
@@ -730,6 +734,7 @@ class InferenceHandler:
             tbot = (last_at - first_at) / (n_chunks - 1)
             record.timings["tbot_s"] = tbot
             ctx.metrics.tbot.labels(*labels).observe(tbot)
+            ctx.fleet.observe(index, Ewma.TBOT_S, tbot)
         if ctx.aggregator is not None:
             tbot_s = record.timings.get("tbot_s") if n_chunks > 1 else None
             engine_id = int(ctx.fleet.engine_ids[index])

@@ -2,7 +2,7 @@
 
 A tiny aiohttp stub plays the controller (long-poll ``GET /v1/table``, ``POST
 /v1/reports``); engines are the emulator; the proxy is ``make_app`` plus
-``install_signal_tasks``.
+the signal tasks it installs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from fastroute.proxy.app import CONTEXT, make_app
 from fastroute.proxy.fleet import class_key
 from fastroute.proxy.puller import WeightsPuller
 from fastroute.proxy.reporter import Reporter
-from fastroute.proxy.signal_tasks import SIGNALS, install_signal_tasks
+from fastroute.proxy.signal_tasks import SIGNALS
 from fastroute.signals.reports import DemandAggregator, Report, decode_report
 from fastroute.tables import TableReader, TableSnapshot, TableWriter
 from fastroute.tables.wire import encode_snapshot, make_snapshot
@@ -279,8 +279,7 @@ async def _signal_stack(
             ),
             source="test.toml",
         )
-        app = make_app(config)
-        install_signal_tasks(app, app[CONTEXT], config)
+        app = make_app(config)  # installs the signal tasks the config asks for
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2)
         await runner.setup()
         try:

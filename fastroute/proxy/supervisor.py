@@ -1,0 +1,332 @@
+"""The ``fastroute serve`` supervisor: N worker processes behind one port.
+
+The supervisor (the process systemd or the user starts):
+
+1. creates the host's shared-memory :class:`~fastroute.tables.StatsBlock`
+   (``proxy.stats_name``; one slot per configured engine, config order) — only here,
+   only at start. If another live proxy owns that name (e.g. an old instance still
+   draining), it warns and uses ``{stats_name}-{pid}`` instead, rather than refuse to
+   start or take over the other proxy's block;
+2. reserves the listen address with a bound, non-listening ``SO_REUSEPORT`` socket (so
+   port 0 resolves to one port for every worker, and the port stays ours while a
+   worker restarts);
+3. starts N workers, ``python -m fastroute serve --worker ...`` (fork + exec through
+   :mod:`subprocess`: nothing of the supervisor's state leaks into them), each
+   binding the same address with ``SO_REUSEPORT``;
+4. forwards SIGHUP (reload) to the workers; on SIGTERM/SIGINT forwards SIGTERM (drain)
+   and waits ``proxy.drain_timeout_s`` + :data:`KILL_GRACE_S` before killing
+   stragglers;
+5. restarts a worker that exits unexpectedly, after a backoff (:data:`RESTART_BACKOFF_S`
+   doubling up to :data:`MAX_RESTART_BACKOFF_S`), at most :data:`MAX_RESTARTS` times in
+   :data:`RESTART_WINDOW_S` — beyond that it shuts everything down and exits 1;
+6. unlinks the stats block at exit.
+
+Workers die with the supervisor: they set ``PR_SET_PDEATHSIG = SIGTERM`` (drain) at
+start and exit if their parent is already gone.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import logging
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastroute.config import Config, ConfigError, load_config
+from fastroute.errors import TableLockedError
+from fastroute.hashing import engine_id
+from fastroute.tables.stats import StatsBlock
+
+__all__ = [
+    "Supervisor",
+    "set_parent_death_signal",
+    "KILL_GRACE_S",
+    "RESTART_BACKOFF_S",
+    "MAX_RESTART_BACKOFF_S",
+    "MAX_RESTARTS",
+    "RESTART_WINDOW_S",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Extra seconds after ``drain_timeout_s`` before stragglers get SIGKILL.
+KILL_GRACE_S = 5.0
+#: First restart delay of a worker that died; doubles per recent restart.
+RESTART_BACKOFF_S = 0.1
+#: Longest restart delay, seconds.
+MAX_RESTART_BACKOFF_S = 10.0
+#: Restarts allowed within :data:`RESTART_WINDOW_S` before the supervisor gives up.
+MAX_RESTARTS = 10
+#: Sliding window of the restart cap, seconds.
+RESTART_WINDOW_S = 60.0
+#: How often the supervisor checks its children without a signal, seconds.
+_TICK_S = 0.2
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies.
+
+    Returns False where ``prctl`` is unavailable (not Linux).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass
+class _Slot:
+    """One worker position: its process, and when to restart it."""
+
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    restart_at: float | None = None
+    restarts: collections.deque[float] = field(default_factory=collections.deque)
+
+
+class Supervisor:
+    """Run ``workers`` proxy workers for ``config`` and keep them running.
+
+    Parameters
+    ----------
+    config_path : Path
+        The config file (workers and reloads read it).
+    config : Config
+        The validated config read from it.
+    workers : int
+        Number of worker processes (>= 1).
+    host, port : str, int
+        Listen address; port 0 picks a free port once, for every worker.
+    log_level : str
+        Passed to the workers' ``--log-level``.
+    """
+
+    def __init__(
+        self,
+        config_path: Path,
+        config: Config,
+        *,
+        workers: int,
+        host: str,
+        port: int,
+        log_level: str = "INFO",
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.config_path = config_path
+        self.config = config
+        self.workers = workers
+        self.host = host
+        self.port = port
+        self.log_level = log_level
+        self._slots = [_Slot(i) for i in range(workers)]
+        self._stopping = False
+        self._failed = False
+        #: The stats block's name (``proxy.stats_name`` unless another proxy owns it).
+        self.stats_name = config.proxy.stats_name
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def _reserve(self) -> socket.socket:
+        info = socket.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(info[4])
+        except BaseException:
+            sock.close()
+            raise
+        self.port = int(sock.getsockname()[1])
+        return sock
+
+    def _spawn(self, slot: _Slot) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastroute",
+            "--log-level",
+            self.log_level,
+            "serve",
+            "--config",
+            str(self.config_path),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--worker",
+            str(slot.index),
+            "--supervisor-pid",
+            str(os.getpid()),
+            "--stats-name",
+            self.stats_name,
+        ]
+        slot.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        slot.restart_at = None
+        logger.info("worker %d started, pid %d", slot.index, slot.proc.pid)
+
+    # -- main loop -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Supervise until SIGTERM/SIGINT (or too many restarts); return the exit status."""
+        stats = self._create_stats()
+        try:
+            reserve = self._reserve()
+        except BaseException:
+            stats.unlink()
+            raise
+        rfd, wfd = os.pipe()
+        os.set_blocking(wfd, False)
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in handled}
+        old_wakeup = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        sel = selectors.DefaultSelector()
+        sel.register(rfd, selectors.EVENT_READ)
+        try:
+            logger.info(
+                "supervisor %d: %d workers on %s:%d, stats block %r",
+                os.getpid(),
+                self.workers,
+                self.host,
+                self.port,
+                self.stats_name,
+            )
+            for slot in self._slots:
+                self._spawn(slot)
+            while not self._stopping:
+                for sig in self._wait_signals(sel, rfd, _TICK_S):
+                    if sig in (signal.SIGTERM, signal.SIGINT):
+                        logger.info("supervisor: %s, draining workers", signal.Signals(sig).name)
+                        self._stopping = True
+                    elif sig == signal.SIGHUP:
+                        self._reload()
+                if not self._stopping:
+                    self._reap_and_restart()
+            self._shutdown(sel, rfd)
+        finally:
+            for slot in self._slots:  # never leave a worker behind, whatever happened
+                if slot.proc is not None and slot.proc.poll() is None:
+                    slot.proc.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        slot.proc.wait(timeout=KILL_GRACE_S)
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            sel.close()
+            os.close(rfd)
+            os.close(wfd)
+            reserve.close()
+            stats.unlink()
+        return 1 if self._failed else 0
+
+    def _create_stats(self) -> StatsBlock:
+        ids = [engine_id(e.name) for e in self.config.engines]
+        try:
+            return StatsBlock.create(self.stats_name, ids)
+        except TableLockedError as exc:
+            fallback = f"{self.stats_name}-{os.getpid()}"
+            logger.warning("%s; this proxy uses stats block %r instead", exc, fallback)
+            self.stats_name = fallback
+            return StatsBlock.create(fallback, ids)
+
+    @staticmethod
+    def _wait_signals(sel: selectors.BaseSelector, rfd: int, timeout: float) -> list[int]:
+        if not sel.select(timeout):
+            return []
+        try:
+            data = os.read(rfd, 512)
+        except BlockingIOError:
+            return []
+        return list(data)
+
+    def _reload(self) -> None:
+        try:
+            config = load_config(self.config_path)
+        except ConfigError as exc:
+            logger.error("supervisor: reload: invalid config (workers keep theirs): %s", exc)
+        else:
+            self.config = config  # drain timeout; workers/address/stats need a restart
+        logger.info("supervisor: SIGHUP, reloading the workers")
+        for slot in self._slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.send_signal(signal.SIGHUP)
+
+    def _reap_and_restart(self) -> None:
+        now = time.monotonic()
+        for slot in self._slots:
+            proc = slot.proc
+            if proc is not None and proc.poll() is not None:
+                logger.warning(
+                    "worker %d (pid %d) exited with status %s",
+                    slot.index,
+                    proc.pid,
+                    proc.returncode,
+                )
+                slot.proc = None
+                while slot.restarts and slot.restarts[0] < now - RESTART_WINDOW_S:
+                    slot.restarts.popleft()
+                if len(slot.restarts) >= MAX_RESTARTS:
+                    logger.error(
+                        "worker %d died %d times in %.0f s: giving up, shutting down",
+                        slot.index,
+                        len(slot.restarts),
+                        RESTART_WINDOW_S,
+                    )
+                    self._failed = self._stopping = True
+                    return
+                delay = min(MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S * 2 ** len(slot.restarts))
+                slot.restarts.append(now)
+                slot.restart_at = now + delay
+                logger.info("worker %d restarts in %.1f s", slot.index, delay)
+            if slot.proc is None and slot.restart_at is not None and now >= slot.restart_at:
+                self._spawn(slot)
+
+    def _shutdown(self, sel: selectors.BaseSelector, rfd: int) -> None:
+        live = [s.proc for s in self._slots if s.proc is not None and s.proc.poll() is None]
+        for proc in live:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.proxy.drain_timeout_s + KILL_GRACE_S
+        while any(p.poll() is None for p in live):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for proc in live:
+                    if proc.poll() is None:
+                        logger.warning("worker pid %d did not drain in time: killed", proc.pid)
+                        proc.kill()
+                        self._failed = True
+                break
+            self._wait_signals(sel, rfd, min(_TICK_S, left))  # SIGCHLD wakes us early
+        for proc in live:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=KILL_GRACE_S)
+            if proc.returncode not in (0, -signal.SIGTERM):
+                self._failed = True
+        logger.info("supervisor: all workers exited")
+
+
+def worker_parent_alive(supervisor_pid: int) -> bool:
+    """Whether this worker's parent is still ``supervisor_pid`` (call after
+    :func:`set_parent_death_signal`, which does not fire for an already-dead parent)."""
+    return os.getppid() == supervisor_pid
+
+
+def config_path_of(path: str) -> Path:
+    """The absolute config path (workers may run with another working directory)."""
+    return Path(path).resolve()
