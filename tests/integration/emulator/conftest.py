@@ -16,26 +16,13 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fastroute.testing import waiting
+
 RUN_TIMEOUT_S = 60.0
 
 
 def _run(coro: Coroutine[Any, Any, Any], timeout: float = RUN_TIMEOUT_S) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def _wait_until(
-    predicate: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0, interval: float = 0.01
-) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(interval)
 
 
 async def _read_sse(resp: aiohttp.ClientResponse) -> tuple[list[dict], list[float], bool]:
@@ -78,7 +65,9 @@ def arun() -> Callable[..., Any]:
 @pytest.fixture
 def wait_until() -> Callable[..., Awaitable[None]]:
     """Poll a (sync or async) predicate until true; fail after ``timeout`` seconds."""
-    return _wait_until
+    return lambda predicate, timeout=10.0, interval=0.01: waiting.wait_until(
+        predicate, timeout, interval
+    )
 
 
 @pytest.fixture

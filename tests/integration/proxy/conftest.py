@@ -14,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +29,7 @@ from fastroute.emulator.model import EngineConfig, OutputLengthDistribution
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.proxy.app import CONTEXT, make_app
 from fastroute.proxy.handler import ProxyContext
+from fastroute.testing.waiting import wait_until
 
 MODEL = "demo-8b"
 RUN_TIMEOUT_S = 30.0
@@ -40,22 +40,6 @@ SHORT_OUTPUTS = OutputLengthDistribution(mu=1.4, sigma=0.2)
 def run(coro: Coroutine[Any, Any, Any], timeout: float = RUN_TIMEOUT_S) -> Any:
     """Run ``coro`` on a fresh event loop, failing after ``timeout`` seconds."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def wait_until(
-    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0, interval: float = 0.01
-) -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(interval)
 
 
 #: Upstream timeouts of test configs, seconds (a test may override some).
