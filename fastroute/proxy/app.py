@@ -56,8 +56,8 @@ from fastroute.proxy.fleet import Fleet, FleetState, TableWatcher
 from fastroute.proxy.handler import (
     InferenceHandler,
     ProxyContext,
+    assign_request_id,
     build_policies,
-    request_id_of,
 )
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.openai_errors import error_response
@@ -83,7 +83,7 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def _errors_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
     """OpenAI-shaped 404/405, and ``x-request-id`` on every response."""
-    rid = request_id_of(request)
+    rid = assign_request_id(request)
     try:
         response = await handler(request)
     except web.HTTPNotFound:
@@ -404,8 +404,20 @@ async def _on_shutdown(app: web.Application) -> None:
     app[_LIVE].current.ctx.draining = True
 
 
+# The pid as a header value, formatted once per process (os.getpid() is a syscall).
+_worker_pid = str(os.getpid())
+
+
+def _reset_worker_pid() -> None:
+    global _worker_pid
+    _worker_pid = str(os.getpid())
+
+
+os.register_at_fork(after_in_child=_reset_worker_pid)
+
+
 async def _add_worker_header(request: web.Request, response: web.StreamResponse) -> None:
-    response.headers["x-fastroute-worker"] = str(os.getpid())
+    response.headers["x-fastroute-worker"] = _worker_pid
 
 
 async def _models(request: web.Request) -> web.Response:

@@ -17,7 +17,8 @@ fallback weights from the config).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgspec
@@ -73,6 +74,11 @@ class DecisionRecord:
     timings : dict of str to float
         Seconds from arrival: ``decided``, ``first_byte``, ``first_token``, ``done``;
         ``tbot_s`` mean time between streamed chunks.
+
+    ``candidates`` and ``filters`` may be deferred (:meth:`defer`): rendering names,
+    weights and filter explanations for every request cost more than the rest of the
+    record, and almost no record is ever read. :meth:`DecisionLog.get` and
+    :meth:`to_json` render them first.
     """
 
     request_id: str
@@ -93,6 +99,24 @@ class DecisionRecord:
     status: int | None = None
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # Renders (candidates, filters) from what the decision captured; None once rendered.
+    _render: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = field(
+        default=None, repr=False
+    )
+
+    def defer(
+        self, render: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+    ) -> None:
+        """Fill ``candidates`` and ``filters`` from ``render()`` when first needed."""
+        self._render = render
+
+    def materialize(self) -> DecisionRecord:
+        """Render deferred ``candidates`` and ``filters`` (idempotent); returns self."""
+        render = self._render
+        if render is not None:
+            self._render = None
+            self.candidates, self.filters = render()
+        return self
 
     def header(self) -> str:
         """The compact ``x-fastroute-decision`` value."""
@@ -105,7 +129,12 @@ class DecisionRecord:
 
     def to_json(self) -> bytes:
         """The full record as JSON."""
-        return msgspec.json.encode(self)
+        self.materialize()
+        return msgspec.json.encode({name: getattr(self, name) for name in _PUBLIC_FIELDS})
+
+
+#: The fields of the JSON record, in declaration order (``_render`` is internal).
+_PUBLIC_FIELDS = tuple(f.name for f in fields(DecisionRecord) if not f.name.startswith("_"))
 
 
 class DecisionLog:
@@ -132,8 +161,9 @@ class DecisionLog:
             records.popitem(last=False)
 
     def get(self, request_id: str) -> DecisionRecord | None:
-        """The record of ``request_id``, or None if unknown or evicted."""
-        return self._records.get(request_id)
+        """The record of ``request_id`` (rendered in full), or None if unknown or evicted."""
+        record = self._records.get(request_id)
+        return None if record is None else record.materialize()
 
     def __len__(self) -> int:
         return len(self._records)

@@ -325,7 +325,7 @@ class Fleet:
                     self._fallback[row, i] = e.capacity_rps
         self.stats = EngineStats(self.engine_ids, stats_block)
         ej = config.ejection
-        self.outlier: OutlierDetector = _CountingOutlierDetector(
+        self.outlier: _CountingOutlierDetector = _CountingOutlierDetector(
             self.stats,
             len(self.engines),
             consecutive_failures=ej.consecutive_failures,
@@ -335,6 +335,11 @@ class Fleet:
         )
         self.in_flight = InFlightCounts(self.stats)
         self._masks: dict[tuple[frozenset[str], str | None], np.ndarray] = {}
+        # Eligibility masks by (row, id(request mask)) -> (request mask, mask), valid for
+        # one (state, outlier version); the request mask is kept so its id stays unique.
+        self._eligible: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._eligible_for: tuple[FleetState | None, int] = (None, -1)
+        self._reasons: tuple[int, dict[int, str]] = (-1, {})
         self.state = self._make_state(0, None, self._fallback.copy(), None, None, None)
 
     @property
@@ -433,12 +438,55 @@ class Fleet:
         """A :class:`~fastroute.policy.FleetView` for one request."""
         return RequestView(self, self.state, request_mask)
 
+    def eligible(self, row: int, state: FleetState, request_mask: np.ndarray) -> np.ndarray:
+        """uint8 mask: weight > 0 in ``row``, available, not ejected, in ``request_mask``.
+
+        Cached per (row, request mask) for the current ``state`` and outlier version:
+        the inputs change rarely, and four numpy operations per request were a
+        measurable share of the proxy's CPU.
+        """
+        version = self.outlier.version_at(self.clock())
+        cached_for = self._eligible_for
+        if cached_for[0] is not state or cached_for[1] != version:
+            self._eligible = {}
+            self._eligible_for = (state, version)
+        key = (row, id(request_mask))
+        hit = self._eligible.get(key)
+        if hit is not None and hit[0] is request_mask:
+            return hit[1]
+        ejected_ok = self.outlier.available_mask(self.clock()).astype(bool)
+        mask = state.positive[row] & state.available & ejected_ok & request_mask
+        out = mask.view(np.uint8)
+        out.flags.writeable = False
+        if len(self._eligible) >= MAX_CACHED_MASKS:
+            self._eligible.clear()
+        self._eligible[key] = (request_mask, out)
+        return out
+
+    def ejection_reasons(self) -> dict[int, str]:
+        """Why each currently ejected engine is out; do not modify the result.
+
+        Cached per outlier version: reasons change only with ejections.
+        """
+        version = self.outlier.version_at(self.clock())
+        if self._reasons[0] != version:
+            self._reasons = (version, self.outlier.reasons(self.clock()))
+        return self._reasons[1]
+
     def explain(
-        self, row: int, request_mask: np.ndarray, state: FleetState
+        self,
+        row: int,
+        request_mask: np.ndarray,
+        state: FleetState,
+        reasons: dict[int, str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Why each engine of the fleet is not eligible for ``row`` (decision records)."""
-        now = self.clock()
-        reasons = self.outlier.reasons(now)
+        """Why each engine of the fleet is not eligible for ``row`` (decision records).
+
+        ``reasons``: the outlier detector's ejection reasons as of the decision
+        (default: now).
+        """
+        if reasons is None:
+            reasons = self.outlier.reasons(self.clock())
         out: list[dict[str, Any]] = []
         for i, name in enumerate(self.names):
             if not self._serves[row, i]:
@@ -485,12 +533,7 @@ class RequestView:
         return self._state
 
     def eligible(self, row: int) -> np.ndarray:
-        fleet = self._fleet
-        ejected_ok = fleet.outlier.available_mask(fleet.clock()).astype(bool)
-        mask = self._state.positive[row] & self._state.available & ejected_ok & self._mask
-        out = mask.view(np.uint8)
-        out.flags.writeable = False
-        return out
+        return self._fleet.eligible(row, self._state, self._mask)
 
     def in_flight(self) -> np.ndarray:
         """In-flight counts in fleet order: every worker's, when the block is shared."""

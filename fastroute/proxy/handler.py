@@ -20,9 +20,10 @@ upstream response is closed on the way out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
+import os
+import secrets
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +33,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from fastroute.config import PRIORITIES, ClassConfig, Config, TenantConfig, hash_api_key
-from fastroute.policy import Policy, RouteRequest, make_policy
+from fastroute.policy import Decision, Policy, RouteRequest, make_policy
 from fastroute.proxy.admission import AdmissionQueue, AdmissionRejected, should_shed
 from fastroute.proxy.decisions import Attempt, DecisionLog, DecisionRecord
-from fastroute.proxy.fleet import Fleet
+from fastroute.proxy.fleet import Fleet, FleetState
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.openai_errors import error_response, sse_error_event
 from fastroute.proxy.outlier import Outcome
@@ -53,7 +54,14 @@ from fastroute.proxy.upstream import HOP_BY_HOP, UpstreamError, UpstreamPool
 from fastroute.signals.reports import DemandAggregator, completion_tokens_of
 from fastroute.tables.stats import Ewma
 
-__all__ = ["ProxyContext", "InferenceHandler", "build_policies", "PREFIX_BYTES"]
+__all__ = [
+    "ProxyContext",
+    "InferenceHandler",
+    "build_policies",
+    "PREFIX_BYTES",
+    "assign_request_id",
+    "request_id_of",
+]
 
 #: Bytes of prompt text handed to prefix-aware policies (``RouteRequest.prefix``).
 PREFIX_BYTES = 4096
@@ -66,6 +74,40 @@ _DROP_RESPONSE_HEADERS = HOP_BY_HOP | {
     "date",
 }
 _SSE_END = b"\n\n"
+
+
+#: Most header names whose forward/drop verdict is cached (per handler, per direction).
+MAX_CACHED_HEADER_NAMES = 1024
+#: ``Attempt.outcome`` of each outcome (``Enum.name`` is a slow descriptor).
+_OUTCOME_TEXT = {o: o.name.lower() for o in Outcome}
+_FAILURE_OUTCOMES = frozenset({Outcome.HTTP_5XX, Outcome.CONNECT_ERROR, Outcome.TIMEOUT})
+
+
+def _forwardable(low: str, drop: frozenset[str]) -> bool:
+    """Whether a header (lowercase name) passes a drop set and the proxy's own names."""
+    return not (low in drop or low.startswith("x-fastroute-") or low == "x-request-id")
+
+
+def _filter_headers(
+    items: Any, drop: frozenset[str], verdicts: dict[str, bool]
+) -> list[tuple[str, str]]:
+    """The (name, value) pairs of ``items`` that pass ``drop``.
+
+    ``verdicts`` caches the decision per name as sent: clients and engines send the
+    same few header names over and over, and lowercasing plus three tests per header
+    showed in the profile.
+    """
+    out: list[tuple[str, str]] = []
+    for name, value in items:
+        keep = verdicts.get(name)
+        if keep is None:
+            keep = _forwardable(name.lower(), drop)
+            if len(verdicts) >= MAX_CACHED_HEADER_NAMES:
+                verdicts.clear()
+            verdicts[name] = keep
+        if keep:
+            out.append((name, value))
+    return out
 
 
 class _EmbeddingRequest(msgspec.Struct):
@@ -159,17 +201,44 @@ class ProxyContext:
     draining: bool = False
 
 
+def _new_id_prefix() -> str:
+    # 64 random bits per process: ids stay unique across workers and restarts.
+    return f"req-{secrets.token_hex(8)}-"
+
+
+# A per-process random prefix plus a counter: uuid4 per request was ~2 % of a worker's
+# CPU. A forked child draws a new prefix (workers are exec'ed anyway).
+_id_prefix = _new_id_prefix()
+_id_counter = itertools.count(1)
+
+
+def _reset_ids_after_fork() -> None:
+    global _id_prefix, _id_counter
+    _id_prefix = _new_id_prefix()
+    _id_counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_reset_ids_after_fork)
+
+
 def new_request_id() -> str:
-    """A fresh request id (client-supplied ids are not trusted)."""
-    return "req-" + uuid.uuid4().hex
+    """A fresh, unique request id (client-supplied ids are not trusted)."""
+    return f"{_id_prefix}{next(_id_counter):x}"
 
 
 def request_id_of(request: web.Request) -> str:
     """The request's id, assigned on first use."""
-    rid = request.get(_REQUEST_ID)
-    if rid is None:
-        rid = new_request_id()
-        request[_REQUEST_ID] = rid
+    # Not ``request.get``: the generic ``Mapping.get`` of aiohttp's request costs more.
+    try:
+        return request[_REQUEST_ID]
+    except KeyError:
+        rid = request[_REQUEST_ID] = new_request_id()
+        return rid
+
+
+def assign_request_id(request: web.Request) -> str:
+    """Give a new request its id (the middleware does, before any handler)."""
+    rid = request[_REQUEST_ID] = new_request_id()
     return rid
 
 
@@ -193,6 +262,9 @@ class InferenceHandler:
             e.zone for e in config.engines if e.zone
         )
         self._models = frozenset(config.models())
+        self._sorted_zones: dict[frozenset[str], list[str]] = {}
+        self._request_verdicts: dict[str, bool] = {}
+        self._response_verdicts: dict[str, bool] = {}
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/chat/completions``."""
@@ -208,19 +280,24 @@ class InferenceHandler:
 
     # -- steps -------------------------------------------------------------------------------
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    def _too_large(self) -> _Reject:
         limit = self.config.limits.max_body_bytes
-        too_large = error_response(
-            413,
-            f"Request body is larger than the limit of {limit} bytes.",
-            code="request_too_large",
+        return _Reject(
+            error_response(
+                413,
+                f"Request body is larger than the limit of {limit} bytes.",
+                code="request_too_large",
+            )
         )
-        if request.content_length is not None and request.content_length > limit:
-            raise _Reject(too_large)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        length = request.content_length
+        if length is not None and length > self.config.limits.max_body_bytes:
+            raise self._too_large()
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise _Reject(too_large) from None
+            raise self._too_large() from None
 
     def _parse(self, kind: str, body: bytes) -> ParsedRequest:
         try:
@@ -315,22 +392,19 @@ class InferenceHandler:
     def _forward_headers(
         self, request: web.Request, engine_key: str | None, rid: str
     ) -> CIMultiDict[str]:
-        drop = set(_DROP_REQUEST_HEADERS)
-        connection = request.headers.get("Connection")
-        if connection:
-            drop.update(t.strip().lower() for t in connection.split(","))
-        out: CIMultiDict[str] = CIMultiDict()
-        for name, value in request.headers.items():
-            low = name.lower()
-            if low in drop or low.startswith("x-fastroute-") or low == "x-request-id":
-                continue
-            out.add(name, value)
-        if self.config.proxy.forward_authorization and "Authorization" in request.headers:
-            out["Authorization"] = request.headers["Authorization"]
+        headers = request.headers
+        connection = headers.get("Connection")
+        if connection:  # names listed in Connection are hop-by-hop too: no cached verdicts
+            drop = _DROP_REQUEST_HEADERS | {t.strip().lower() for t in connection.split(",")}
+            pairs = _filter_headers(headers.items(), drop, {})
+        else:
+            pairs = _filter_headers(headers.items(), _DROP_REQUEST_HEADERS, self._request_verdicts)
+        if self.config.proxy.forward_authorization and "Authorization" in headers:
+            pairs.append(("Authorization", headers["Authorization"]))
         elif engine_key:
-            out["Authorization"] = f"Bearer {engine_key}"
-        out["x-request-id"] = rid
-        return out
+            pairs.append(("Authorization", f"Bearer {engine_key}"))
+        pairs.append(("x-request-id", rid))
+        return CIMultiDict(pairs)  # built once: add() per header costs more
 
     # -- the path ----------------------------------------------------------------------------
 
@@ -340,7 +414,8 @@ class InferenceHandler:
         t0 = loop.time()
         rid = request_id_of(request)
         record = DecisionRecord(request_id=rid, endpoint=request.path)
-        ctx.metrics.in_flight.inc()
+        metrics = ctx.metrics
+        metrics.in_flight.inc()
         response: web.StreamResponse | None = None
         try:
             try:
@@ -351,21 +426,31 @@ class InferenceHandler:
                 response = rej.response
                 return response
             record.model, record.priority, record.tenant = cls.model, cls.priority, cls.tenant
-            record.class_name, record.zones, record.row = cls.cls.name, sorted(cls.zones), cls.row
+            record.class_name, record.row = cls.cls.name, cls.row
+            record.zones = self._zone_list(cls.zones)
             ctx.decisions.add(record)
             response = await self._route(request, kind, body, parsed, cls, record, t0)
             return response
         finally:
-            ctx.metrics.in_flight.dec()
+            metrics.in_flight.dec()
             status = response.status if response is not None else 499
             record.status = status
             record.timings["done"] = loop.time() - t0
             engine = record.attempts[-1].engine if record.attempts else "none"
-            ctx.metrics.requests.labels(record.class_name or "none", engine, str(status)).inc()
+            metrics.count_request(record.class_name or "none", engine, status)
             if ctx.aggregator is not None and status == 429 and record.attempts:
                 ctx.aggregator.observe_rejected(int(ctx.fleet.row_keys[record.row]))
             if response is not None and status < 400:
-                ctx.metrics.e2e.labels(record.class_name, engine).observe(loop.time() - t0)
+                metrics.e2e_of(record.class_name, engine).observe(loop.time() - t0)
+
+    def _zone_list(self, zones: frozenset[str]) -> list[str]:
+        """``sorted(zones)`` for the record, cached (a handful of distinct sets)."""
+        out = self._sorted_zones.get(zones)
+        if out is None:
+            if len(self._sorted_zones) >= 1024:
+                self._sorted_zones.clear()
+            out = self._sorted_zones[zones] = sorted(zones)
+        return list(out)
 
     async def _route(
         self,
@@ -398,26 +483,28 @@ class InferenceHandler:
                 code="load_shed",
                 headers=retry_after,
             )
-        async with contextlib.AsyncExitStack() as stack:
-            if ctx.admission is not None:
-                try:
-                    await ctx.admission.acquire()
-                except AdmissionRejected as exc:
-                    ctx.metrics.shed.labels(cls.cls.name, "admission").inc()
-                    if ctx.aggregator is not None:
-                        ctx.aggregator.observe_request(
-                            int(fleet.row_keys[cls.row]), estimate_prompt_tokens(parsed), shed=True
-                        )
-                    record.error = str(exc)
-                    return error_response(
-                        429,
-                        "The proxy is overloaded; retry later.",
-                        code="overloaded",
-                        headers={"Retry-After": exc.admission.retry_after_header},
-                    )
-                stack.callback(ctx.admission.release)
+        admission = ctx.admission
+        if admission is None:
             return await self._pick_and_forward(request, kind, body, parsed, cls, record, t0, key)
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            await admission.acquire()
+        except AdmissionRejected as exc:
+            ctx.metrics.shed.labels(cls.cls.name, "admission").inc()
+            if ctx.aggregator is not None:
+                ctx.aggregator.observe_request(
+                    int(fleet.row_keys[cls.row]), estimate_prompt_tokens(parsed), shed=True
+                )
+            record.error = str(exc)
+            return error_response(
+                429,
+                "The proxy is overloaded; retry later.",
+                code="overloaded",
+                headers={"Retry-After": exc.admission.retry_after_header},
+            )
+        try:
+            return await self._pick_and_forward(request, kind, body, parsed, cls, record, t0, key)
+        finally:
+            admission.release()
 
     async def _pick_and_forward(
         self,
@@ -446,16 +533,7 @@ class InferenceHandler:
             ctx.aggregator.observe_request(int(fleet.row_keys[cls.row]), route.prompt_tokens)
         decision = policy.choose(route, view, k=config.policy.top_k)
         record.policy, record.reason = decision.policy, decision.reason
-        record.filters = fleet.explain(cls.row, mask, state)
-        record.candidates = [
-            {
-                "engine": fleet.names[i],
-                "rank": r,
-                "weight": float(state.weights[cls.row, i]),
-                "score": None if decision.scores is None else decision.scores[r],
-            }
-            for r, i in enumerate(decision.ranked)
-        ]
+        record.defer(_choice_renderer(fleet, cls.row, mask, state, decision))
         record.timings["decided"] = loop.time() - t0
         if not decision.ranked:
             record.error = "no eligible engine"
@@ -508,8 +586,8 @@ class InferenceHandler:
 
     def _record_outcome(self, index: int, outcome: Outcome, attempt: Attempt) -> None:
         ctx = self.ctx
-        attempt.outcome = outcome.name.lower()
-        if outcome in (Outcome.HTTP_5XX, Outcome.CONNECT_ERROR, Outcome.TIMEOUT):
+        attempt.outcome = _OUTCOME_TEXT[outcome]
+        if outcome in _FAILURE_OUTCOMES:
             ctx.metrics.upstream_failures.labels(attempt.engine, attempt.outcome).inc()
         if ctx.fleet.outlier.record(index, outcome, ctx.fleet.clock()):
             ctx.metrics.ejections.labels(attempt.engine).inc()
@@ -588,19 +666,14 @@ class InferenceHandler:
 
     def _response_headers(
         self, resp: aiohttp.ClientResponse, record: DecisionRecord
-    ) -> CIMultiDict[str]:
-        out: CIMultiDict[str] = CIMultiDict()
-        for name, value in resp.headers.items():
-            low = name.lower()
-            if (
-                low in _DROP_RESPONSE_HEADERS
-                or low.startswith("x-fastroute-")
-                or low == "x-request-id"
-            ):
-                continue
-            out.add(name, value)
-        out.update(self._decision_headers(record))
-        return out
+    ) -> list[tuple[str, str]]:
+        """The engine's headers to relay plus the proxy's, as pairs: aiohttp's
+        ``Response`` copies its ``headers`` argument into a new multidict anyway."""
+        pairs = _filter_headers(
+            resp.headers.items(), _DROP_RESPONSE_HEADERS, self._response_verdicts
+        )
+        pairs.extend(self._decision_headers(record).items())
+        return pairs
 
     async def _upstream_error(
         self,
@@ -700,17 +773,17 @@ class InferenceHandler:
         first_at = last_at = loop.time()
         record.timings["first_token"] = first_at - t0
         labels = (cls.cls.name, attempt.engine)
-        ctx.metrics.ttft.labels(*labels).observe(first_at - t0)
+        ctx.metrics.ttft_of(*labels).observe(first_at - t0)
         ctx.fleet.observe(index, Ewma.TTFT_S, first_at - t0)
         n_chunks = 0
-        tail = b""
+        last = b""  # the last chunk written; its tail is only looked at on failure
         failure: UpstreamError | None = None
         try:
             while chunk:
                 await out.write(chunk)
                 n_chunks += 1
                 last_at = loop.time()
-                tail = chunk[-2:]
+                last = chunk
                 try:
                     chunk = await upstream.read_chunk(
                         resp, attempt.engine, timeouts.idle_timeout_s, deadline
@@ -722,7 +795,7 @@ class InferenceHandler:
                 attempt.detail = f"stream broke after {n_chunks} chunks: {failure.message}"
                 self._record_outcome(index, failure.outcome, attempt)
                 record.error = attempt.detail
-                sep = b"" if tail.endswith(_SSE_END) else _SSE_END
+                sep = b"" if last.endswith(_SSE_END) else _SSE_END
                 await out.write(sep + sse_error_event(failure.message, code=failure.code))
             else:
                 self._record_outcome(index, Outcome.SUCCESS, attempt)
@@ -733,7 +806,7 @@ class InferenceHandler:
         if n_chunks > 1:
             tbot = (last_at - first_at) / (n_chunks - 1)
             record.timings["tbot_s"] = tbot
-            ctx.metrics.tbot.labels(*labels).observe(tbot)
+            ctx.metrics.tbot_of(*labels).observe(tbot)
             ctx.fleet.observe(index, Ewma.TBOT_S, tbot)
         if ctx.aggregator is not None:
             tbot_s = record.timings.get("tbot_s") if n_chunks > 1 else None
@@ -749,6 +822,32 @@ class _Retryable(Exception):
     def __init__(self, failure: UpstreamError | web.Response) -> None:
         super().__init__(str(failure))
         self.failure = failure
+
+
+def _choice_renderer(
+    fleet: Fleet, row: int, mask: Any, state: FleetState, decision: Decision
+) -> Any:
+    """The deferred ``(candidates, filters)`` of a decision record.
+
+    Captures what may change later (the state, the ejection reasons) at decision time;
+    names, weights and explanations are rendered only if the record is read.
+    """
+    reasons = fleet.ejection_reasons()
+
+    def render() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        scores = decision.scores
+        candidates = [
+            {
+                "engine": fleet.names[i],
+                "rank": r,
+                "weight": float(state.weights[row, i]),
+                "score": None if scores is None else scores[r],
+            }
+            for r, i in enumerate(decision.ranked)
+        ]
+        return candidates, fleet.explain(row, mask, state, reasons)
+
+    return render
 
 
 def _prefix(parsed: ParsedRequest) -> bytes:

@@ -163,11 +163,15 @@ class OutlierDetector:
         self.ejections_total = 0
         self.ejections_capped_total = 0
         self.unejections_total = 0
+        #: Goes up whenever the availability mask may have changed, so callers can cache
+        #: what they derive from it (read it through :meth:`version_at`).
+        self.version = 0
         self._allocate(n_engines, pool_ids)
 
     # -- state -------------------------------------------------------------------
 
     def _allocate(self, n_engines: int, pool_ids: Sequence[int] | None) -> None:
+        self.version += 1
         if n_engines < 0:
             raise ValueError(f"n_engines must be >= 0, got {n_engines}")
         pools = [0] * n_engines if pool_ids is None else [int(p) for p in pool_ids]
@@ -205,6 +209,7 @@ class OutlierDetector:
             self._uneject(e)
 
     def _uneject(self, e: int) -> None:
+        self.version += 1
         self._mask[e] = 1
         self._last_end_s[e] = self._until_s[e]
         self._pool_ejected[self._pool[e]] -= 1
@@ -214,6 +219,7 @@ class OutlierDetector:
         self.unejections_total += 1
 
     def _eject(self, e: int, now_s: float) -> None:
+        self.version += 1
         if now_s - self._last_end_s[e] > self.backoff_reset_s:
             self._times_ejected[e] = 0
         self._times_ejected[e] += 1
@@ -410,6 +416,11 @@ class OutlierDetector:
             for _, e in ejected[:excess]:
                 self._until_s[e] = now_s
                 self._uneject(e)
+
+    def version_at(self, now_s: float) -> int:
+        """:attr:`version` after expiring the ejections that ended by ``now_s``."""
+        self._expire(now_s)
+        return self.version
 
     def resize(
         self, n_engines: int, now_s: float, *, pool_ids: Sequence[int] | None = None

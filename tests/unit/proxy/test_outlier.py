@@ -202,3 +202,19 @@ def test_rejects_invalid_parameters(kwargs: dict[str, object]) -> None:
     """Out-of-range parameters are a ValueError naming the parameter."""
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         OutlierDetector(4, **kwargs)  # type: ignore[arg-type]
+
+
+def test_version_moves_with_every_availability_change() -> None:
+    """version_at() changes on ejection, on expiry and on rebuild, and only then."""
+    det = OutlierDetector(4, consecutive_failures=1, base_ejection_s=10.0)
+    v0 = det.version_at(0.0)
+    det.record(1, Outcome.SUCCESS, 0.0)
+    assert det.version_at(0.5) == v0  # nothing changed
+    det.record(1, Outcome.CONNECT_ERROR, 1.0)
+    v1 = det.version_at(1.0)
+    assert v1 != v0 and det.available_mask(1.0)[1] == 0
+    assert det.version_at(5.0) == v1  # still ejected
+    v2 = det.version_at(11.5)  # the ejection expired
+    assert v2 != v1 and det.available_mask(11.5)[1] == 1
+    det.resize(5, 12.0)
+    assert det.version_at(12.0) != v2
