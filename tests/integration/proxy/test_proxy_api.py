@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import openai
 import pytest
-from conftest import Harness
+from proxy_harness import Harness
 
 pytestmark = pytest.mark.integration
 

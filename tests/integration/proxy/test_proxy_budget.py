@@ -30,7 +30,7 @@ import time
 
 import aiohttp
 import pytest
-from conftest import Harness, Stack
+from proxy_harness import Harness, Stack
 
 pytestmark = pytest.mark.integration
 

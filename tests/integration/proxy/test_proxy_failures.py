@@ -8,7 +8,7 @@ import json
 import aiohttp
 import openai
 import pytest
-from conftest import Harness, Stack
+from proxy_harness import Harness, Stack
 
 from fastroute.hashing import key_hash
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import Harness
+from proxy_harness import Harness
 
 pytestmark = pytest.mark.integration
 

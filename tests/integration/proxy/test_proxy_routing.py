@@ -7,7 +7,7 @@ import uuid
 
 import aiohttp
 import pytest
-from conftest import Harness
+from proxy_harness import Harness
 
 from fastroute.hashing import engine_id
 from fastroute.proxy.fleet import class_key

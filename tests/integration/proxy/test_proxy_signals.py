@@ -17,7 +17,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
-from conftest import MODEL, SHORT_OUTPUTS, Harness, config_toml, wait_until
+from proxy_harness import MODEL, SHORT_OUTPUTS, Harness, config_toml, wait_until
 
 from fastroute.config import decode_config
 from fastroute.emulator.server import EmulatedFleet, fleet_specs

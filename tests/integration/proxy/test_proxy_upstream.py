@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
-from conftest import Harness
+from proxy_harness import Harness
 
 from fastroute.proxy import http1
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import MODEL, SHORT_OUTPUTS, Harness, chat_body, config_toml
+from proxy_harness import MODEL, SHORT_OUTPUTS, Harness, chat_body, config_toml
 
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.hashing import engine_id
