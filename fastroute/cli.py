@@ -21,8 +21,10 @@ __all__ = ["main"]
 #: subcommand -> (module implementing it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("fastroute.proxy.cli", "run the routing proxy (data plane)"),
+    # Loaded by name only: fastroute never imports controller at module level (DESIGN §6).
+    "controller": ("controller.cli", "run the control plane (LP weights, /v1/table, /v1/plan)"),
     "engine": ("fastroute.emulator.cli", "run emulated vLLM-compatible engines on loopback"),
-    "table": ("fastroute.tables.cli", "inspect or publish a shared-memory weight table"),
+    "table": ("fastroute.tables.cli", "inspect a shared-memory weight table"),
 }
 
 

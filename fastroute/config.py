@@ -645,7 +645,7 @@ class ControllerConfig(_Section):
     scrape_timeout_s : float
         Timeout of one scrape, seconds; less than ``scrape_interval_s``.
     long_poll_timeout_s : float
-        Longest a ``GET /snapshot?after=<generation>`` waits for a new generation.
+        Longest a ``GET /v1/table?after=<generation>`` waits for a new generation.
     shed_penalties : table
         Per-priority shed penalty multipliers, ``[controller.shed_penalties]``.
     derating : table

@@ -1,0 +1,214 @@
+"""The controller's HTTP API (aiohttp), around one :class:`controller.service.ControllerService`.
+
+Endpoints (docs/controller.md "Service", docs/signals.md §4):
+
+* ``GET /v1/table?after=G&timeout_s=T[&format=json|msgpack]`` — long-poll: 200 at once with the
+  current snapshot when its generation differs from ``G`` (header ``x-fastroute-generation``),
+  else wait for a new one up to ``min(T, controller.long_poll_timeout_s)`` and answer 304. The
+  encoding is ``format``, else the ``Accept`` header, else msgpack. At most ``max_waiters`` polls
+  may be parked at once; more get 503 with ``Retry-After: 1``.
+* ``POST /v1/reports`` — a msgpack :class:`fastroute.signals.reports.Report`; 204 when accepted,
+  400 (text message) when malformed or of another version, 413 above ``max_report_bytes``.
+* ``GET /v1/plan`` — JSON: per class demand, allocation and weights per engine, shed fraction,
+  marginal cost (dual); solve status, objective, time, iterations; per engine capacity and load.
+* ``GET /health`` — 200 once a table has been published (the last good one stays published when
+  later periods fail), 503 before.
+* ``GET /metrics`` — Prometheus text from the app's own registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import numpy as np
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controller.service import ControllerMetrics, ControllerService
+from fastroute.config import Config
+from fastroute.signals.reports import ReportError, decode_report
+from fastroute.tables.wire import encode_snapshot
+
+__all__ = ["API", "SERVICE", "ControllerApi", "make_app"]
+
+log = logging.getLogger(__name__)
+
+SERVICE = web.AppKey("controller_service", ControllerService)
+
+#: Default bound on parked long-polls.
+MAX_WAITERS = 1024
+#: Default size limit of one report (a 4096-class, 8192-engine report is well below it).
+MAX_REPORT_BYTES = 4 * 1024 * 1024
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+
+
+class ControllerApi:
+    """The request handlers; ``waiters`` is the number of parked long-polls."""
+
+    def __init__(self, service: ControllerService, max_waiters: int) -> None:
+        self.service = service
+        self.max_waiters = max_waiters
+        self.waiters = 0
+        self._encoded: dict[tuple[int, str], bytes] = {}
+
+    def _encode(self, fmt: str) -> bytes:
+        snap = self.service.snapshot
+        assert snap is not None
+        key = (snap.generation, fmt)
+        data = self._encoded.get(key)
+        if data is None:
+            data = encode_snapshot(snap, fmt)
+            same_gen = {k: v for k, v in self._encoded.items() if k[0] == key[0]}
+            self._encoded = {**same_gen, key: data}
+        return data
+
+    async def table(self, request: web.Request) -> web.StreamResponse:
+        q = request.query
+        try:
+            after = int(q.get("after", "0"))
+            cap_s = self.service.config.controller.long_poll_timeout_s
+            timeout_s = min(float(q.get("timeout_s", str(cap_s))), cap_s)
+            if after < 0 or not timeout_s >= 0:
+                raise ValueError("after and timeout_s must be >= 0")
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"bad query: {exc}") from None
+        fmt = q.get("format")
+        if fmt is None:
+            fmt = "json" if JSON in request.headers.get("Accept", "") else "msgpack"
+        if fmt not in ("json", "msgpack"):
+            raise web.HTTPBadRequest(text=f"format must be json or msgpack, got {fmt!r}")
+        svc = self.service
+        if svc.snapshot is None or svc.snapshot.generation == after:
+            if self.waiters >= self.max_waiters:
+                raise web.HTTPServiceUnavailable(
+                    text=f"too many parked long-polls ({self.max_waiters})",
+                    headers={"Retry-After": "1"},
+                )
+            self.waiters += 1
+            try:
+                snap = await svc.wait_changed(after, timeout_s)
+            finally:
+                self.waiters -= 1
+            if snap is None:
+                return web.Response(status=304)
+        snap = svc.snapshot
+        assert snap is not None
+        return web.Response(
+            body=self._encode(fmt),
+            content_type=JSON if fmt == "json" else MSGPACK,
+            headers={"x-fastroute-generation": str(snap.generation)},
+        )
+
+    async def reports(self, request: web.Request) -> web.Response:
+        metrics = self.service.metrics
+        try:
+            data = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            metrics.reports.labels(outcome="rejected").inc()
+            raise
+        try:
+            report = decode_report(data)
+        except ReportError as exc:
+            metrics.reports.labels(outcome="rejected").inc()
+            raise web.HTTPBadRequest(text=f"bad report: {exc}") from None
+        self.service.observe(report)
+        metrics.reports.labels(outcome="accepted").inc()
+        return web.Response(status=204)
+
+    async def plan(self, request: web.Request) -> web.Response:
+        return web.Response(
+            text=json.dumps(self.service.plan_json(), default=_json_default),
+            content_type=JSON,
+        )
+
+    async def health(self, request: web.Request) -> web.Response:
+        svc = self.service
+        body = {
+            "status": "ok" if svc.snapshot is not None else "starting",
+            "generation": svc.generation,
+            "last_error": svc.last_error,
+        }
+        return web.json_response(body, status=200 if svc.snapshot is not None else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.service.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+API = web.AppKey("controller_api", ControllerApi)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def make_app(
+    config: Config,
+    *,
+    table_name: str | None = None,
+    max_waiters: int = MAX_WAITERS,
+    max_report_bytes: int = MAX_REPORT_BYTES,
+    run_loop: bool = True,
+) -> web.Application:
+    """Build the controller app; the control loop runs while the app does.
+
+    Parameters
+    ----------
+    config : Config
+    table_name : str, optional
+        Shared-memory table to write (default ``config.proxy.table_name``).
+    max_waiters : int
+        Parked long-polls allowed at once; more get 503.
+    max_report_bytes : int
+        Largest accepted report body; larger ones get 413.
+    run_loop : bool
+        Start the periodic control loop (tests may drive :meth:`ControllerService.step`).
+
+    Notes
+    -----
+    Startup opens the table (``TableLockedError`` if another writer owns it) and publishes a first
+    plan from the default demand before serving. Cleanup lets a running period finish, then closes
+    the table without unlinking it: proxies on this host keep routing on the last weights, and a
+    restarted controller continues its generations in place.
+    """
+    service = ControllerService(config, table_name=table_name, metrics=ControllerMetrics())
+    api = ControllerApi(service, max_waiters)
+    app = web.Application(client_max_size=max_report_bytes)
+    app[SERVICE] = service
+    app[API] = api
+    app.router.add_get("/v1/table", api.table)
+    app.router.add_post("/v1/reports", api.reports)
+    app.router.add_get("/v1/plan", api.plan)
+    app.router.add_get("/health", api.health)
+    app.router.add_get("/metrics", api.metrics)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        service.open()
+        task: asyncio.Task[None] | None = None
+        try:
+            if run_loop:
+                task = asyncio.create_task(service.run(), name="controller-loop")
+            else:
+                await service.step()
+            yield
+        finally:
+            service.stop()
+            if task is not None:
+                limit_s = config.controller.solve_time_limit_s + 5.0
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), limit_s)
+                except TimeoutError:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            await service.aclose()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

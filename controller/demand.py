@@ -1,0 +1,191 @@
+"""Per-class demand forecast from data-plane reports.
+
+Every proxy worker posts a :class:`fastroute.signals.reports.Report` about once a second: per class
+key the number of requests classified in its window (shed ones included, so the count is the
+offered demand, not the served one). The forecaster turns those into one rate per class for each
+control period:
+
+1. **Per worker** (``worker_id``), requests and covered window seconds accumulate between two
+   :meth:`DemandForecaster.update` calls; at the update the worker's rate per class is
+   ``requests / covered seconds``. A worker that sent nothing since the last update keeps its last
+   rates. A worker not heard from for ``stale_periods`` periods is forgotten (its reports no
+   longer count); receive times use the controller's clock, so proxy clock skew does not matter.
+2. **Per class** the measured rate is the sum over the live workers. Only classes whose source
+   cluster has at least one live worker are measured in a period; the others keep their previous
+   forecast (or the caller's default before any measurement).
+3. **Forecast** = ``max(EWMA, recent peak)``: ``EWMA ← α·measured + (1 − α)·EWMA`` (initialised
+   to the first measurement) and the peak is the largest measured rate of the last
+   ``peak_periods`` periods, so a rise is followed at once and a fall only after the peak window,
+   then smoothly. A per-class floor keeps the forecast above 0 while the class has engines, so its
+   weight row never goes empty.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from fastroute.signals.reports import Report
+
+__all__ = ["DemandForecaster"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass
+class _Worker:
+    cluster: str
+    last_seen_s: float
+    pending_window_s: float = 0.0
+    pending_requests: dict[int, int] = field(default_factory=dict)
+    rates_rps: dict[int, float] = field(default_factory=dict)
+
+
+class DemandForecaster:
+    """EWMA + recent-peak demand per class key, fed by proxy reports.
+
+    Parameters
+    ----------
+    class_keys : sequence of int
+        The class row keys, in table row order.
+    class_clusters : sequence of str
+        Source cluster of each class (same order).
+    period_s : float
+        Control period (s); staleness is measured in periods.
+    alpha : float
+        EWMA weight of the newest measurement, in (0, 1].
+    peak_periods : int
+        Periods over which the recent peak is taken (≥ 1).
+    stale_periods : float
+        A worker silent for longer than ``stale_periods · period_s`` is forgotten.
+
+    Attributes
+    ----------
+    unknown_keys_total : int
+        Class observations in reports whose key is not one of ``class_keys`` (ignored).
+    """
+
+    def __init__(
+        self,
+        class_keys: Sequence[int],
+        class_clusters: Sequence[str],
+        *,
+        period_s: float,
+        alpha: float = 0.3,
+        peak_periods: int = 3,
+        stale_periods: float = 3.0,
+    ) -> None:
+        if len(class_keys) != len(class_clusters):
+            raise ValueError("class_keys and class_clusters must have the same length")
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        if peak_periods < 1 or not period_s > 0 or not stale_periods > 0:
+            raise ValueError("peak_periods must be >= 1, period_s and stale_periods > 0")
+        self.class_keys = [int(k) for k in class_keys]
+        self.class_clusters = list(class_clusters)
+        self._row = {k: i for i, k in enumerate(self.class_keys)}
+        if len(self._row) != len(self.class_keys):
+            raise ValueError("class_keys must be unique")
+        self.period_s = float(period_s)
+        self.alpha = float(alpha)
+        self.stale_after_s = float(stale_periods) * self.period_s
+        n = len(self.class_keys)
+        self._ewma_rps = np.zeros(n)
+        self._measured = np.zeros(n, dtype=bool)
+        self._peaks: deque[FloatArray] = deque(maxlen=int(peak_periods))
+        self._workers: dict[str, _Worker] = {}
+        self.last_measured_rps = np.zeros(n)
+        self.unknown_keys_total = 0
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def observe(self, report: Report, received_at_s: float) -> None:
+        """Add one report (received at ``received_at_s``, controller clock, seconds)."""
+        w = self._workers.get(report.worker_id)
+        if w is None or w.cluster != report.source_cluster:
+            w = _Worker(cluster=report.source_cluster, last_seen_s=received_at_s)
+            self._workers[report.worker_id] = w
+        w.last_seen_s = max(w.last_seen_s, received_at_s)
+        w.pending_window_s += max(0.0, report.window_s)
+        for c in report.classes:
+            if c.class_key not in self._row:
+                self.unknown_keys_total += 1
+                continue
+            w.pending_requests[c.class_key] = w.pending_requests.get(c.class_key, 0) + c.requests
+
+    # -- per period -----------------------------------------------------------------------------
+
+    @property
+    def live_workers(self) -> int:
+        """Workers whose reports currently count."""
+        return len(self._workers)
+
+    @property
+    def measured(self) -> npt.NDArray[np.bool_]:
+        """Which classes have had at least one measurement (copy)."""
+        return self._measured.copy()
+
+    def update(self, now_s: float) -> None:
+        """Close a period: drop stale workers, turn pending counts into rates, update the EWMA."""
+        for wid in [
+            wid for wid, w in self._workers.items() if now_s - w.last_seen_s > self.stale_after_s
+        ]:
+            del self._workers[wid]
+        n = len(self.class_keys)
+        measured = np.zeros(n)
+        for w in self._workers.values():
+            if w.pending_window_s > 0:
+                w.rates_rps = {k: r / w.pending_window_s for k, r in w.pending_requests.items()}
+                w.pending_window_s = 0.0
+                w.pending_requests = {}
+            for k, rate in w.rates_rps.items():
+                measured[self._row[k]] += rate
+        live_clusters = {w.cluster for w in self._workers.values()}
+        mask = np.array([c in live_clusters for c in self.class_clusters], dtype=bool)
+        if not mask.any():
+            return
+        first = mask & ~self._measured
+        self._ewma_rps[first] = measured[first]
+        again = mask & ~first
+        self._ewma_rps[again] = (
+            self.alpha * measured[again] + (1.0 - self.alpha) * self._ewma_rps[again]
+        )
+        self._measured |= mask
+        peak = np.where(mask, measured, np.nan)
+        self._peaks.append(peak)
+        self.last_measured_rps = np.where(mask, measured, self.last_measured_rps)
+
+    def forecast(self, default_rps: npt.ArrayLike, floor_rps: npt.ArrayLike) -> FloatArray:
+        """The demand to plan for, per class (req/s).
+
+        Parameters
+        ----------
+        default_rps : array_like, shape (n_classes,)
+            Used for classes never measured.
+        floor_rps : array_like, shape (n_classes,)
+            Lower bound per class (0 for a class without engines).
+
+        Returns
+        -------
+        ndarray, shape (n_classes,)
+            ``max(floor, max(EWMA, recent peak))`` for measured classes, ``max(floor, default)``
+            otherwise.
+        """
+        default = np.asarray(default_rps, dtype=np.float64)
+        floor = np.asarray(floor_rps, dtype=np.float64)
+        n = len(self.class_keys)
+        if default.shape != (n,) or floor.shape != (n,):
+            raise ValueError(f"default_rps and floor_rps must have shape ({n},)")
+        if self._peaks:
+            stacked = np.vstack(list(self._peaks))
+            all_nan = np.all(np.isnan(stacked), axis=0)
+            peak = np.max(np.where(np.isnan(stacked), -np.inf, stacked), axis=0)
+            peak = np.where(all_nan, 0.0, peak)
+        else:
+            peak = np.zeros(n)
+        est = np.where(self._measured, np.maximum(self._ewma_rps, peak), default)
+        return np.maximum(est, floor)

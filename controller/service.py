@@ -1,0 +1,628 @@
+"""The control loop: demand → LP → weights → shared-memory table (+ HTTP snapshot).
+
+Every ``controller.period_s`` :meth:`ControllerService.step` does, in order:
+
+1. **Demand**: :class:`controller.demand.DemandForecaster` closes the period (EWMA + recent peak of
+   the proxies' reported requests/s per class). A class never measured gets the default: each
+   engine's capacity split equally over the classes eligible on it, times ``default_fraction``
+   (0.5), so the defaults of all classes together ask for half the fleet. Floor: ``floor_fraction``
+   (1e-3) of the class's eligible capacity, so no row empties while engines exist.
+2. **LP data** (static, built once from the config, :class:`FleetModel`): classes are
+   (source cluster, model, priority) for every declared region, served model and priority, keyed
+   by :func:`class_key` (the proxy's row key). Eligibility: the engine serves the model and has role
+   ``both``; every zone is eligible (the proxy filters zones per request). Network latency: the
+   config RTT from the class's cluster to the engine's region (one round trip per request).
+   Profiles: :meth:`LatencyProfile.seed` with the per-hardware constants of
+   :data:`HARDWARE_SEED_LATENCY_S` on the config's breakpoint grid; health 1 (no derating yet).
+   Engines are grouped once (:func:`controller.groups.group_engines`, exact aggregation).
+3. **Solve** :class:`controller.solve.RoutingLP` (warm: the previous group solution is the anchor
+   ``x⁰``) in a worker thread (``asyncio.to_thread``), HiGHS time limit
+   ``controller.solve_time_limit_s``. Shed penalty base ``P₀ = shed_base_factor · (max m + max d +
+   2 max κ)`` (never cheaper to shed than to serve anything servable), ``π`` per priority from
+   ``controller.shed_penalties``.
+4. **Weights**: :func:`class_weights` (fallback: eligible capacity for classes without
+   allocation), :func:`engine_weights` (split ∝ capacity), :func:`validate_weights`.
+5. **Publish**, only when weights, shed fractions or the retry ratio changed, to the local table
+   ``TableWriter(table_name)`` with ``meta`` = plan id, status, objective, solve time, and the retry
+   ratio ``retry.ratio`` (× ``shed_retry_factor`` = 0.2 while any class is shed); the same
+   generation is kept as a wire snapshot for ``GET /v1/table``.
+
+On :class:`SolveError`, invalid weights or a table error the last good table stays published, the
+alert counter ``fastroute_controller_alerts_total{kind}`` increments and the error is logged (once
+per distinct message in a row). Not done here: profile fitting from scraped signals, anomaly
+derating (health stays 1), P/D pairs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from controller.demand import DemandForecaster
+from controller.groups import EngineGroups, group_engines
+from controller.latency import LatencyProfile
+from controller.lp import RoutingProblem
+from controller.solve import RoutingLP, SolveError, SolveResult
+from controller.weights import class_weights, engine_weights, validate_weights
+from fastroute.config import PRIORITIES, Config
+from fastroute.errors import TableError
+from fastroute.hashing import engine_id, key_hash
+from fastroute.signals.reports import Report
+from fastroute.tables import TableSnapshot, TableWriter
+from fastroute.tables.wire import make_snapshot
+
+__all__ = [
+    "HARDWARE_SEED_LATENCY_S",
+    "ClassSpec",
+    "ControllerMetrics",
+    "ControllerService",
+    "FleetModel",
+    "Plan",
+    "class_key",
+]
+
+log = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float64]
+
+#: Idle (TTFT₀, TBOT₀) in seconds per hardware class, for the seed profiles
+#: ``TTFT(ρ) = TTFT₀/(1−ρ)``, ``TBOT(ρ) = TBOT₀(1 + 0.8ρ)``. Rough figures for an 8B model at the
+#: typical request mix (ordering by memory bandwidth, H100 fastest); only ratios between hardware
+#: and the shape matter to the LP until profiles are fitted from signals.
+HARDWARE_SEED_LATENCY_S: dict[str, tuple[float, float]] = {
+    "h100": (0.05, 0.008),
+    "a100": (0.08, 0.012),
+    "a40": (0.15, 0.025),
+    "l4": (0.25, 0.045),
+}
+#: Seed constants for hardware classes not in :data:`HARDWARE_SEED_LATENCY_S`.
+FALLBACK_SEED_LATENCY_S: tuple[float, float] = HARDWARE_SEED_LATENCY_S["a40"]
+
+
+def class_key(cluster: str, model: str, priority: str) -> int:
+    """The weight-table row key of class ``(cluster, model, priority)``.
+
+    xxh3-64 of ``"\\0class\\0{cluster}\\0{model}\\0{priority}"``, the formula of
+    ``fastroute.proxy.fleet.class_key`` (re-implemented: ``controller`` may not import the proxy;
+    a unit test asserts equality).
+    """
+    return key_hash(f"\0class\0{cluster}\0{model}\0{priority}")
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    """One demand class (a table row).
+
+    Attributes
+    ----------
+    key : int
+        :func:`class_key` of the class.
+    cluster, model, priority : str
+        Source cluster (region), served model, priority.
+    """
+
+    key: int
+    cluster: str
+    model: str
+    priority: str
+
+    @property
+    def name(self) -> str:
+        """``cluster/model/priority`` (metrics label, plan key)."""
+        return f"{self.cluster}/{self.model}/{self.priority}"
+
+
+@dataclass(frozen=True, eq=False)
+class FleetModel:
+    """The static LP data derived from the config.
+
+    Attributes
+    ----------
+    classes : tuple of ClassSpec
+        Rows, ordered by cluster (config order), model (sorted), priority (lowest first).
+    engine_names : tuple of str
+        Columns, config order.
+    engine_ids : ndarray of uint64, shape (n_engines,)
+    capacity_rps : ndarray, shape (n_engines,)
+        Nominal capacity from the config.
+    eligible : ndarray of bool, shape (n_classes, n_engines)
+    network_latency_s : ndarray, shape (n_classes, n_engines)
+        RTT class cluster → engine region (s).
+    profiles : tuple of LatencyProfile
+        Seed profile per engine (one shared object per hardware class).
+    groups : EngineGroups
+        Exact aggregation of the engines.
+    shed_weight : ndarray, shape (n_classes,)
+        π per class from ``controller.shed_penalties``.
+    default_rps, floor_rps : ndarray, shape (n_classes,)
+        Demand before any measurement, and the demand floor.
+    """
+
+    classes: tuple[ClassSpec, ...]
+    engine_names: tuple[str, ...]
+    engine_ids: npt.NDArray[np.uint64]
+    capacity_rps: FloatArray
+    eligible: npt.NDArray[np.bool_]
+    network_latency_s: FloatArray
+    profiles: tuple[LatencyProfile, ...]
+    groups: EngineGroups
+    shed_weight: FloatArray
+    default_rps: FloatArray
+    floor_rps: FloatArray
+
+    @classmethod
+    def from_config(
+        cls, config: Config, *, default_fraction: float = 0.5, floor_fraction: float = 1e-3
+    ) -> FleetModel:
+        """Build classes, eligibility, RTTs, seed profiles and groups from ``config``."""
+        ctl = config.controller
+        grid = (0.0, *ctl.breakpoints)
+        by_hw: dict[str, LatencyProfile] = {}
+        for hw in sorted({e.hardware for e in config.engines}):
+            ttft0, tbot0 = HARDWARE_SEED_LATENCY_S.get(hw.lower(), FALLBACK_SEED_LATENCY_S)
+            by_hw[hw] = LatencyProfile.seed(ttft0, tbot0, breakpoints_rho=grid)
+        engines = config.engines
+        classes = tuple(
+            ClassSpec(class_key(r.name, m, p), r.name, m, p)
+            for r in config.network.regions
+            for m in config.models()
+            for p in PRIORITIES
+        )
+        cap = np.array([e.capacity_rps for e in engines], dtype=np.float64)
+        elig = np.array(
+            [[c.model in e.models and e.role == "both" for e in engines] for c in classes],
+            dtype=bool,
+        ).reshape(len(classes), len(engines))
+        dist = np.array(
+            [[config.network.rtt(c.cluster, e.region) / 1e3 for e in engines] for c in classes],
+            dtype=np.float64,
+        ).reshape(len(classes), len(engines))
+        profiles = tuple(by_hw[e.hardware] for e in engines)
+        groups = group_engines(profiles, cap, elig, dist)
+        pen = ctl.shed_penalties
+        pi = {"batch": pen.batch, "default": pen.default, "interactive": pen.interactive}
+        # each engine's capacity split equally over the classes eligible on it
+        n_on_engine = elig.sum(axis=0)
+        share = np.divide(cap, n_on_engine, out=np.zeros_like(cap), where=n_on_engine > 0)
+        default = default_fraction * (elig * share).sum(axis=1)
+        floor = floor_fraction * (elig * cap).sum(axis=1)
+        return cls(
+            classes=classes,
+            engine_names=tuple(e.name for e in engines),
+            engine_ids=np.array([engine_id(e.name) for e in engines], dtype=np.uint64),
+            capacity_rps=cap,
+            eligible=elig,
+            network_latency_s=dist,
+            profiles=profiles,
+            groups=groups,
+            shed_weight=np.array([pi[c.priority] for c in classes], dtype=np.float64),
+            default_rps=default,
+            floor_rps=floor,
+        )
+
+    @property
+    def class_keys(self) -> npt.NDArray[np.uint64]:
+        """Row keys, table order."""
+        return np.array([c.key for c in self.classes], dtype=np.uint64)
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One solved period, as ``GET /v1/plan`` shows it.
+
+    Attributes
+    ----------
+    plan_id : int
+        Counter of successful plans since start.
+    generation : int
+        Table generation it was published as.
+    created_at_s : float
+        Unix time.
+    demand_rps, shed_fraction, marginal_cost_s : ndarray, shape (n_classes,)
+    measured : ndarray of bool, shape (n_classes,)
+        Demand came from reports (else the capacity default).
+    x_rps : ndarray, shape (n_classes, n_engines)
+        Allocation per engine.
+    weights : ndarray, shape (n_classes, n_engines)
+        Published rows.
+    retry_ratio : float
+    result : SolveResult
+    """
+
+    plan_id: int
+    generation: int
+    created_at_s: float
+    demand_rps: FloatArray
+    measured: npt.NDArray[np.bool_]
+    x_rps: FloatArray
+    weights: FloatArray
+    shed_fraction: FloatArray
+    marginal_cost_s: FloatArray
+    retry_ratio: float
+    result: SolveResult
+
+
+class ControllerMetrics:
+    """Prometheus metrics of one controller (its own registry).
+
+    Parameters
+    ----------
+    registry : CollectorRegistry, optional
+        Default: a new registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.solves = Counter(
+            "fastroute_controller_solves", "LP solves by outcome status", ["status"], registry=r
+        )
+        self.solve_seconds = Histogram(
+            "fastroute_controller_solve_seconds",
+            "Wall time of one period's solve (build + HiGHS + weights)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.generation = Gauge(
+            "fastroute_controller_table_generation", "Generation of the published table", registry=r
+        )
+        self.reports = Counter(
+            "fastroute_controller_reports", "Proxy reports by outcome", ["outcome"], registry=r
+        )
+        self.alerts = Counter(
+            "fastroute_controller_alerts",
+            "Periods that kept the last good table, by reason",
+            ["kind"],
+            registry=r,
+        )
+        self.shed_fraction = Gauge(
+            "fastroute_controller_shed_fraction", "Published shed fraction", ["class"], registry=r
+        )
+        self.demand_rps = Gauge(
+            "fastroute_controller_demand_rps", "Forecast demand (req/s)", ["class"], registry=r
+        )
+
+
+def _solve_period(
+    lp: RoutingLP,
+    model: FleetModel,
+    demand_rps: FloatArray,
+    x_prev_rps: FloatArray | None,
+    kappa_s: float,
+    shed_base_factor: float,
+) -> tuple[SolveResult, FloatArray, FloatArray, FloatArray]:
+    """Build, solve and turn into validated engine rows (runs in a worker thread)."""
+    g = model.groups
+    elig = g.eligible
+    slopes_max = max(float(p.slopes_s.max()) for p in g.profiles)
+    d_max = float(g.network_latency_s[elig].max(initial=0.0))
+    p0 = shed_base_factor * max(slopes_max + d_max + 2.0 * kappa_s, 1e-3)
+    problem = RoutingProblem.from_groups(
+        demand_rps, g, shed_weight=model.shed_weight, kappa_s=kappa_s, shed_penalty_base_s=p0
+    )
+    res = lp.solve(problem, x_prev_rps)
+    fallback = elig * g.capacity_rps
+    wg, sigma = class_weights(res.x_rps, res.shed_rps, demand_rps, fallback=fallback)
+    w = engine_weights(wg, g)
+    validate_weights(w, sigma)
+    return res, w, sigma, g.split(res.x_rps)
+
+
+class ControllerService:
+    """Runs the control loop and holds the current table and plan.
+
+    Parameters
+    ----------
+    config : Config
+    table_name : str, optional
+        Shared-memory table to write; default ``config.proxy.table_name``.
+    metrics : ControllerMetrics, optional
+    default_fraction : float
+        Default demand before reports, as a fraction of capacity (see module doc).
+    shed_retry_factor : float
+        Retry ratio multiplier while any class is shed.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        table_name: str | None = None,
+        metrics: ControllerMetrics | None = None,
+        default_fraction: float = 0.5,
+        shed_retry_factor: float = 0.2,
+    ) -> None:
+        self.config = config
+        self.table_name = table_name or config.proxy.table_name
+        self.metrics = metrics or ControllerMetrics()
+        self.model = FleetModel.from_config(config, default_fraction=default_fraction)
+        self.period_s = config.controller.period_s
+        self.shed_retry_factor = shed_retry_factor
+        self.forecaster = DemandForecaster(
+            [c.key for c in self.model.classes],
+            [c.cluster for c in self.model.classes],
+            period_s=self.period_s,
+        )
+        self.lp = RoutingLP(time_limit_s=config.controller.solve_time_limit_s)
+        self.writer: TableWriter | None = None
+        self.snapshot: TableSnapshot | None = None
+        self.plan: Plan | None = None
+        self.last_error: str | None = None
+        self.periods_total = 0
+        self._x_prev: FloatArray | None = None
+        self._plan_id = 0
+        self._changed = asyncio.Event()
+        self._step_lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open (or take over) the table; raises ``TableLockedError`` if another writer holds it."""
+        if self.writer is None:
+            n_e, n_g = len(self.model.engine_names), len(self.model.classes)
+            self.writer = TableWriter(
+                self.table_name, max_engines=max(4096, n_e), max_classes=max(1024, n_g)
+            )
+
+    def close(self) -> None:
+        """Stop writing. The table file stays: proxies keep routing on the last weights."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current period (never mid-solve)."""
+        self._stop.set()
+
+    async def aclose(self) -> None:
+        """:meth:`close` once no period is running."""
+        async with self._step_lock:
+            self.close()
+
+    async def run(self) -> None:
+        """Step every ``period_s`` until :meth:`stop` (a failed step never ends the loop).
+
+        Stopping instead of cancelling lets a solve running in the worker thread finish before the
+        table is closed.
+        """
+        loop = asyncio.get_running_loop()
+        next_t = loop.time()
+        while not self._stop.is_set():
+            try:
+                await self.step()
+            except Exception:  # the loop must survive anything
+                log.exception("controller period failed")
+            next_t += self.period_s
+            now = loop.time()
+            if next_t < now:  # overran: skip missed ticks, keep the phase
+                next_t += self.period_s * float(np.ceil((now - next_t) / self.period_s))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), next_t - now)
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def observe(self, report: Report) -> None:
+        """Feed one decoded proxy report into the demand forecast."""
+        self.forecaster.observe(report, time.time())
+
+    # -- one period -----------------------------------------------------------------------------
+
+    def demand(self) -> FloatArray:
+        """The current forecast per class (req/s)."""
+        return self.forecaster.forecast(self.model.default_rps, self.model.floor_rps)
+
+    async def step(self) -> bool:
+        """Run one period; return whether a new table generation was published.
+
+        A plan whose weights, shed fractions and retry ratio equal the published ones (bitwise; the
+        κ fixed point makes an unchanged input reproduce them exactly) updates ``plan`` but
+        publishes no new generation, so parked long-polls are not woken for nothing.
+        """
+        async with self._step_lock:
+            return await self._step()
+
+    async def _step(self) -> bool:
+        self.periods_total += 1
+        self.forecaster.update(time.time())
+        demand = self.demand()
+        measured = self.forecaster.measured
+        ctl = self.config.controller
+        t0 = time.perf_counter()
+        try:
+            res, w, sigma, x_eng = await asyncio.to_thread(
+                _solve_period,
+                self.lp,
+                self.model,
+                demand,
+                self._x_prev,
+                ctl.kappa_s,
+                ctl.shed_base_factor,
+            )
+        except SolveError as exc:
+            self.metrics.solves.labels(status=exc.status).inc()
+            self._alert("solve_error", str(exc))
+            return False
+        except (TableError, ValueError) as exc:
+            self.metrics.solves.labels(status="invalid").inc()
+            self._alert("invalid_weights", str(exc))
+            return False
+        self.metrics.solves.labels(status=res.status).inc()
+        self.metrics.solve_seconds.observe(time.perf_counter() - t0)
+        retry = self.config.retry.ratio
+        if float(sigma.max(initial=0.0)) > 1e-9:
+            retry *= self.shed_retry_factor
+        plan_id = self._plan_id + 1
+        meta: dict[str, Any] = {
+            "plan_id": plan_id,
+            "status": res.status,
+            "objective": res.objective,
+            "solve_time_s": res.solve_time_s,
+        }
+        prev = self.plan
+        unchanged = (
+            prev is not None
+            and self.snapshot is not None
+            and prev.retry_ratio == retry
+            and np.array_equal(prev.weights, w)
+            and np.array_equal(prev.shed_fraction, sigma)
+        )
+        if unchanged:  # nothing for the data planes: no new generation, no long-poll wake-up
+            snap = self.snapshot
+            assert snap is not None
+        else:
+            try:
+                snap = await asyncio.to_thread(self._publish, w, sigma, retry, meta)
+            except (TableError, ValueError, OSError) as exc:
+                self._alert("publish_error", str(exc))
+                return False
+        self._plan_id = plan_id
+        self._x_prev = res.x_rps
+        self.snapshot = snap
+        self.plan = Plan(
+            plan_id=plan_id,
+            generation=snap.generation,
+            created_at_s=snap.published_at,
+            demand_rps=demand,
+            measured=measured,
+            x_rps=x_eng,
+            weights=w,
+            shed_fraction=sigma,
+            marginal_cost_s=res.marginal_cost_s,
+            retry_ratio=retry,
+            result=res,
+        )
+        if self.last_error is not None:
+            log.info("controller recovered: plan %d published", plan_id)
+        self.last_error = None
+        self.metrics.generation.set(snap.generation)
+        for c, s, d in zip(self.model.classes, sigma, demand, strict=True):
+            self.metrics.shed_fraction.labels(c.name).set(float(s))
+            self.metrics.demand_rps.labels(c.name).set(float(d))
+        if unchanged:
+            return False
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return True
+
+    def _publish(
+        self, w: FloatArray, sigma: FloatArray, retry: float, meta: dict[str, Any]
+    ) -> TableSnapshot:
+        if self.writer is None:
+            raise TableError("the table is not open")
+        keys = self.model.class_keys
+        gen = self.writer.publish(
+            self.model.engine_ids,
+            w,
+            class_keys=keys,
+            shed_fraction=sigma,
+            retry_ratio=retry,
+            meta=meta,
+        )
+        return make_snapshot(
+            gen,
+            self.model.engine_ids,
+            w,
+            class_keys=keys,
+            shed_fraction=sigma,
+            retry_ratio=retry,
+            published_at=time.time(),
+            meta=meta,
+        )
+
+    def _alert(self, kind: str, message: str) -> None:
+        self.metrics.alerts.labels(kind=kind).inc()
+        if message != self.last_error:
+            log.error("controller keeps the last good table (%s): %s", kind, message)
+        self.last_error = message
+
+    # -- long-poll support ----------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """Generation of the current snapshot, 0 before the first."""
+        return 0 if self.snapshot is None else self.snapshot.generation
+
+    async def wait_changed(self, after: int, timeout_s: float) -> TableSnapshot | None:
+        """The current snapshot once its generation differs from ``after``; None on timeout."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.snapshot is None or self.snapshot.generation == after:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return self.snapshot
+
+    # -- explain --------------------------------------------------------------------------------
+
+    def plan_json(self) -> dict[str, Any]:
+        """The current plan as a JSON-able dict (``GET /v1/plan``)."""
+        m = self.model
+        engines = [
+            {
+                "name": name,
+                "capacity_rps": float(cap),
+                "group": int(m.groups.group_of_engine[i]),
+                "load_rps": None if self.plan is None else float(self.plan.x_rps[:, i].sum()),
+            }
+            for i, (name, cap) in enumerate(zip(m.engine_names, m.capacity_rps, strict=True))
+        ]
+        out: dict[str, Any] = {
+            "plan_id": None,
+            "generation": self.generation,
+            "period_s": self.period_s,
+            "periods_total": self.periods_total,
+            "last_error": self.last_error,
+            "live_workers": self.forecaster.live_workers,
+            "engines": engines,
+            "classes": [],
+        }
+        p = self.plan
+        if p is None:
+            return out
+        r = p.result
+        out.update(
+            plan_id=p.plan_id,
+            generation=p.generation,
+            created_at=p.created_at_s,
+            retry_ratio=p.retry_ratio,
+            solve={
+                "status": r.status,
+                "objective": r.objective,
+                "solve_time_s": r.solve_time_s,
+                "build_time_s": r.build_time_s,
+                "iterations": r.iterations,
+                "warm": r.warm,
+            },
+        )
+        out["classes"] = [
+            {
+                "name": c.name,
+                "key": c.key,
+                "cluster": c.cluster,
+                "model": c.model,
+                "priority": c.priority,
+                "demand_rps": float(p.demand_rps[g]),
+                "measured": bool(p.measured[g]),
+                "shed_fraction": float(p.shed_fraction[g]),
+                "marginal_cost_s": float(p.marginal_cost_s[g]),
+                "allocation_rps": _nonzero(m.engine_names, p.x_rps[g]),
+                "weights": _nonzero(m.engine_names, p.weights[g]),
+            }
+            for g, c in enumerate(m.classes)
+        ]
+        return out
+
+
+def _nonzero(names: Sequence[str], row: FloatArray) -> dict[str, float]:
+    return {n: float(v) for n, v in zip(names, row, strict=True) if v > 0}
