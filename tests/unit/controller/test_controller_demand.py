@@ -26,11 +26,13 @@ def _forecaster(**kw: float) -> DemandForecaster:
 
 
 def test_class_key_matches_the_proxy() -> None:
+    """Class key matches the proxy."""
     for args in [("local", "demo-8b", "default"), ("eu-west", "m/x:1", "batch"), ("", "", "")]:
         assert class_key(*args) == proxy_class_key(*args)
 
 
 def test_defaults_before_any_report_and_floor() -> None:
+    """Defaults before any report and floor."""
     f = _forecaster()
     f.update(0.0)
     np.testing.assert_array_equal(f.forecast(DEFAULT, FLOOR), DEFAULT)
@@ -38,6 +40,7 @@ def test_defaults_before_any_report_and_floor() -> None:
 
 
 def test_rates_sum_over_workers_and_only_reporting_clusters_are_measured() -> None:
+    """Rates sum over workers and only reporting clusters are measured."""
     f = _forecaster()
     f.observe(_report("a", "east", 0.5, k11=5), 10.0)
     f.observe(_report("a", "east", 0.5, k11=5), 10.5)  # 10 requests in 1 s: 10 rps
@@ -50,6 +53,7 @@ def test_rates_sum_over_workers_and_only_reporting_clusters_are_measured() -> No
 
 
 def test_silent_class_of_a_reporting_cluster_falls_to_the_floor() -> None:
+    """Silent class of a reporting cluster falls to the floor."""
     f = _forecaster(alpha=1.0, peak_periods=1)
     f.observe(_report("a", "east", 1.0, k11=3), 0.0)
     f.update(0.5)
@@ -57,6 +61,7 @@ def test_silent_class_of_a_reporting_cluster_falls_to_the_floor() -> None:
 
 
 def test_peak_follows_a_rise_at_once_and_ewma_a_fall_slowly() -> None:
+    """Peak follows a rise at once and ewma a fall slowly."""
     f = _forecaster(alpha=0.5, peak_periods=2)
     t = 0.0
     for n in (10, 10, 40):  # rise
@@ -76,6 +81,7 @@ def test_peak_follows_a_rise_at_once_and_ewma_a_fall_slowly() -> None:
 
 
 def test_worker_without_new_report_keeps_its_rate_until_stale() -> None:
+    """Worker without new report keeps its rate until stale."""
     f = _forecaster(alpha=1.0, peak_periods=1, stale_periods=3.0)
     f.observe(_report("a", "east", 1.0, k11=6), 0.0)
     f.update(1.0)
@@ -90,6 +96,7 @@ def test_worker_without_new_report_keeps_its_rate_until_stale() -> None:
 
 
 def test_unknown_keys_are_counted_and_ignored() -> None:
+    """Unknown keys are counted and ignored."""
     f = _forecaster()
     f.observe(_report("a", "east", 1.0, k99=7, k11=1), 0.0)
     f.update(0.5)
@@ -98,6 +105,7 @@ def test_unknown_keys_are_counted_and_ignored() -> None:
 
 
 def test_bad_parameters_are_refused() -> None:
+    """Bad parameters are refused."""
     with pytest.raises(ValueError):
         DemandForecaster([1, 1], ["a", "b"], period_s=1.0)
     with pytest.raises(ValueError):

@@ -118,6 +118,7 @@ async def fetch(p: http1.HostPool, body: bytes = b"{}", wait_s: float = 2.0) -> 
 
 @pytest.mark.parametrize("use_uvloop", [False, True])
 def test_content_length_body_and_keepalive_reuse(use_uvloop: bool) -> None:
+    """Content length body and keepalive reuse."""
     seen: list[bytes] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
@@ -160,6 +161,8 @@ def test_content_length_body_and_keepalive_reuse(use_uvloop: bool) -> None:
 
 
 def test_chunked_body() -> None:
+    """Chunked body."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         while await read_request(reader) is not None:
             writer.write(
@@ -180,6 +183,7 @@ def test_chunked_body() -> None:
 
 
 def test_sse_streamed_in_pieces() -> None:
+    """Sse streamed in pieces."""
     events = [b'data: {"i":%d}\n\n' % i for i in range(5)] + [b"data: [DONE]\n\n"]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
@@ -209,6 +213,8 @@ def test_sse_streamed_in_pieces() -> None:
 
 
 def test_idle_pooled_connection_closed_by_server() -> None:
+    """Idle pooled connection closed by server."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(ok(b"x"))
@@ -228,6 +234,8 @@ def test_idle_pooled_connection_closed_by_server() -> None:
 
 
 def test_stale_reused_connection_is_retried_once() -> None:
+    """Stale reused connection is retried once."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(ok(b"conn %d" % n))
@@ -252,6 +260,8 @@ def test_stale_reused_connection_is_retried_once() -> None:
 
 
 def test_fresh_connection_closed_before_responding_is_not_retried() -> None:
+    """Fresh connection closed before responding is not retried."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
 
@@ -286,6 +296,8 @@ def _engine(port: int) -> EngineConfig:
 
 
 def test_connect_refused() -> None:
+    """Connect refused."""
+
     async def main() -> None:
         up = _upstream()
         port = _refused_port()
@@ -300,6 +312,8 @@ def test_connect_refused() -> None:
 
 
 def test_first_byte_timeout() -> None:
+    """A server that never answers fails the attempt with TIMEOUT after first_byte_timeout_s."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await asyncio.sleep(5)
 
@@ -310,7 +324,7 @@ def test_first_byte_timeout() -> None:
             t0 = loop.time()
             with pytest.raises(UpstreamError) as err:
                 await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
-            assert 0.15 < loop.time() - t0 < 1.0
+            assert 0.15 < loop.time() - t0 < 2.5  # the server would answer only after 5 s
             assert err.value.outcome is Outcome.TIMEOUT and err.value.status == 504
             assert "engine-a" in err.value.message and "127.0.0.1" not in err.value.message
             await up.close()
@@ -319,6 +333,8 @@ def test_first_byte_timeout() -> None:
 
 
 def test_total_deadline_caps_first_byte_wait() -> None:
+    """The attempt's total deadline cuts a longer first-byte timeout short."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await asyncio.sleep(5)
 
@@ -329,13 +345,15 @@ def test_total_deadline_caps_first_byte_wait() -> None:
             t0 = loop.time()
             with pytest.raises(UpstreamError):
                 await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 0.2)
-            assert loop.time() - t0 < 1.0
+            assert loop.time() - t0 < 2.5  # the first-byte timeout alone would be 3 s
             await up.close()
 
     run(main())
 
 
 def test_idle_timeout_mid_body() -> None:
+    """A stream that stalls mid-body fails with TIMEOUT after idle_timeout_s."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(SSE_HEAD + chunked(b"data: 1\n\n"))
@@ -350,7 +368,7 @@ def test_idle_timeout_mid_body() -> None:
             t0 = loop.time()
             with pytest.raises(UpstreamError) as err:
                 await up.read_chunk(resp, "engine-a", 0.2, loop.time() + 5)
-            assert 0.15 < loop.time() - t0 < 1.0
+            assert 0.15 < loop.time() - t0 < 2.5  # the server would answer only after 5 s
             assert err.value.outcome is Outcome.TIMEOUT
             assert err.value.message == "engine engine-a timed out mid-response"
             resp.close()
@@ -386,6 +404,8 @@ def test_lazy_timer_is_rearmed_not_fired_early() -> None:
 
 
 def test_drop_mid_body_is_connect_error() -> None:
+    """Drop mid body is connect error."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
@@ -408,6 +428,7 @@ def test_drop_mid_body_is_connect_error() -> None:
 
 
 def test_oversized_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Oversized body."""
     monkeypatch.setattr(upstream, "MAX_ERROR_BODY_BYTES", 1000)
 
     async def main() -> None:
@@ -425,6 +446,7 @@ def test_oversized_body(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_slow_reader_buffer_stays_bounded() -> None:
+    """Slow reader buffer stays bounded."""
     total = 16 * 1024 * 1024
     piece = b"y" * 65536
 
@@ -460,6 +482,8 @@ def test_slow_reader_buffer_stays_bounded() -> None:
 
 
 def test_connection_close_response_not_pooled() -> None:
+    """Connection close response not pooled."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(ok(b"bye", "Connection: close\r\n"))
@@ -478,6 +502,8 @@ def test_connection_close_response_not_pooled() -> None:
 
 
 def test_body_until_eof() -> None:
+    """Body until eof."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
@@ -493,6 +519,8 @@ def test_body_until_eof() -> None:
 
 
 def test_response_closed_mid_body_drops_connection() -> None:
+    """Response closed mid body drops connection."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         while await read_request(reader) is not None:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
@@ -511,6 +539,7 @@ def test_response_closed_mid_body_drops_connection() -> None:
 
 
 def test_concurrency_bounded_by_pool_limit() -> None:
+    """Concurrency bounded by pool limit."""
     limit = 4
 
     async def main() -> None:
@@ -526,6 +555,8 @@ def test_concurrency_bounded_by_pool_limit() -> None:
 
 
 def test_idle_connections_expire() -> None:
+    """Idle connections expire."""
+
     async def main() -> None:
         async with serve(keepalive_handler()) as srv:
             p = pool(srv, keepalive_s=0.1)
@@ -539,6 +570,8 @@ def test_idle_connections_expire() -> None:
 
 
 def test_header_injection_rejected() -> None:
+    """Header injection rejected."""
+
     async def main() -> None:
         async with serve(keepalive_handler()) as srv:
             p = pool(srv)
@@ -557,6 +590,8 @@ def test_header_injection_rejected() -> None:
 
 
 def test_oversized_head_is_protocol_error() -> None:
+    """Oversized head is protocol error."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\n")
@@ -576,6 +611,8 @@ def test_oversized_head_is_protocol_error() -> None:
 
 
 def test_malformed_response_is_protocol_error() -> None:
+    """Malformed response is protocol error."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(b"NOT HTTP AT ALL\r\n\r\n")

@@ -48,12 +48,14 @@ def _uncached(fleet: Fleet, row: int, mask: np.ndarray) -> np.ndarray:
 
 
 def test_request_ids_unique_and_prefixed() -> None:
+    """Request ids unique and prefixed."""
     ids = [new_request_id() for _ in range(1000)]
     assert len(set(ids)) == 1000
     assert all(i.startswith("req-") for i in ids)
 
 
 def test_request_ids_differ_in_another_process() -> None:
+    """Request ids differ in another process."""
     code = "from fastroute.proxy.handler import new_request_id; print(new_request_id())"
     other = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -64,6 +66,7 @@ def test_request_ids_differ_in_another_process() -> None:
 
 
 def test_request_ids_new_prefix_after_fork() -> None:
+    """Request ids new prefix after fork."""
     parent = new_request_id().rsplit("-", 1)[0]
     r, w = os.pipe()
     pid = os.fork()
@@ -78,6 +81,7 @@ def test_request_ids_new_prefix_after_fork() -> None:
 
 
 def test_eligible_cache_follows_ejections_and_states() -> None:
+    """Eligible cache follows ejections and states."""
     fleet, clock = _fleet()
     row = fleet.rows[("m", "default")]
     us = fleet.request_mask(frozenset({"us"}), None)
@@ -100,6 +104,7 @@ def test_eligible_cache_follows_ejections_and_states() -> None:
 
 
 def test_ejection_reasons_cached_per_version() -> None:
+    """Ejection reasons cached per version."""
     fleet, clock = _fleet()
     assert fleet.ejection_reasons() == {}
     fleet.outlier.record(2, Outcome.TIMEOUT, clock.now)
@@ -110,6 +115,7 @@ def test_ejection_reasons_cached_per_version() -> None:
 
 
 def test_filter_headers_cache_gives_same_answer() -> None:
+    """Filter headers cache gives same answer."""
     drop = frozenset({"host", "connection"})
     items = [("Host", "x"), ("X-Fastroute-Zone", "us"), ("X-Request-Id", "a"), ("A", "1")]
     verdicts: dict[str, bool] = {}
@@ -119,6 +125,7 @@ def test_filter_headers_cache_gives_same_answer() -> None:
 
 
 def test_deferred_decision_rendered_on_read() -> None:
+    """Deferred decision rendered on read."""
     log = DecisionLog(capacity=2)
     record = DecisionRecord(request_id="r1", endpoint="/v1/completions")
     calls = []
@@ -137,6 +144,7 @@ def test_deferred_decision_rendered_on_read() -> None:
 
 
 def test_metric_children_cached() -> None:
+    """Metric children cached."""
     metrics = ProxyMetrics(lambda: None)
     for _ in range(3):
         metrics.count_request("chat", "e0", 200)
