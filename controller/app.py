@@ -11,6 +11,7 @@ Endpoints (docs/controller.md "Service", docs/signals.md §4):
   400 (text message) when malformed or of another version, 413 above ``max_report_bytes``.
 * ``GET /v1/plan`` — JSON: per class demand, allocation and weights per engine, shed fraction,
   marginal cost (dual); solve status, objective, time, iterations; per engine capacity and load.
+* ``GET /plan`` — the same plan as a self-contained HTML page (:mod:`controller.plan_page`).
 * ``GET /health`` — 200 once a table has been published (the last good one stays published when
   later periods fail), 503 before.
 * ``GET /metrics`` — Prometheus text from the app's own registry.
@@ -22,12 +23,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controller.plan_page import render_plan_html
 from controller.service import ControllerMetrics, ControllerService
 from fastroute.config import Config
 from fastroute.signals.reports import ReportError, decode_report
@@ -126,6 +129,10 @@ class ControllerApi:
             content_type=JSON,
         )
 
+    async def plan_page(self, request: web.Request) -> web.Response:
+        page = render_plan_html(self.service.plan_json(), now=time.time())
+        return web.Response(text=page, content_type="text/html", charset="utf-8")
+
     async def health(self, request: web.Request) -> web.Response:
         svc = self.service
         body = {
@@ -186,6 +193,7 @@ def make_app(
     app.router.add_get("/v1/table", api.table)
     app.router.add_post("/v1/reports", api.reports)
     app.router.add_get("/v1/plan", api.plan)
+    app.router.add_get("/plan", api.plan_page)
     app.router.add_get("/health", api.health)
     app.router.add_get("/metrics", api.metrics)
 
