@@ -13,7 +13,8 @@ Every ``controller.period_s`` :meth:`ControllerService.step` does, in order:
    ``both``; every zone is eligible (the proxy filters zones per request). Network latency: the
    config RTT from the class's cluster to the engine's region (one round trip per request).
    Profiles: :meth:`LatencyProfile.seed` with the per-hardware constants of
-   :data:`HARDWARE_SEED_LATENCY_S` on the config's breakpoint grid; health 1 (no derating yet).
+   :data:`HARDWARE_SEED_LATENCY_S` on the config's breakpoint grid; health from the derating
+   state (see below).
    Engines are grouped once (:func:`controller.groups.group_engines`, exact aggregation).
 3. **Solve** :class:`controller.solve.RoutingLP` (warm: the previous group solution is the anchor
    ``x⁰``) in a worker thread (``asyncio.to_thread``), HiGHS time limit
@@ -29,8 +30,14 @@ Every ``controller.period_s`` :meth:`ControllerService.step` does, in order:
 
 On :class:`SolveError`, invalid weights or a table error the last good table stays published, the
 alert counter ``fastroute_controller_alerts_total{kind}`` increments and the error is logged (once
-per distinct message in a row). Not done here: profile fitting from scraped signals, anomaly
-derating (health stays 1), P/D pairs.
+per distinct message in a row).
+
+**Derating** (:mod:`controller.health`): the proxies' per-engine report entries are summed per
+period; at the start of each period :class:`controller.health.HealthTracker` scores the window
+(residual vs profile, robust z within the peer group, error rate) and steps health levels
+``h ∈ {0, .25, .5, .75, 1}`` with hysteresis. A change regroups nothing (only ``C · h`` changes,
+the engine keeps its group); level 0 publishes ``FLAG_UNAVAILABLE`` for the engine. Not done here:
+profile fitting from scraped signals, P/D pairs.
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +56,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.demand import DemandForecaster
 from controller.groups import EngineGroups, group_engines
+from controller.health import HealthTracker, LevelChange, SignalAccumulator
 from controller.latency import LatencyProfile
 from controller.lp import RoutingProblem
 from controller.solve import RoutingLP, SolveError, SolveResult
@@ -57,7 +65,7 @@ from fastroute.config import PRIORITIES, Config
 from fastroute.errors import TableError
 from fastroute.hashing import engine_id, key_hash
 from fastroute.signals.reports import Report
-from fastroute.tables import TableSnapshot, TableWriter
+from fastroute.tables import FLAG_UNAVAILABLE, TableSnapshot, TableWriter
 from fastroute.tables.wire import make_snapshot
 
 __all__ = [
@@ -236,6 +244,10 @@ class Plan:
         Published rows.
     retry_ratio : float
     result : SolveResult
+    health : ndarray, shape (n_engines,), optional
+        Health factors ``h`` the plan was solved with (None: all 1).
+    engine_flags : ndarray of uint8, shape (n_engines,), optional
+        Published ``FLAG_*`` bits (None: all 0).
     """
 
     plan_id: int
@@ -249,6 +261,8 @@ class Plan:
     marginal_cost_s: FloatArray
     retry_ratio: float
     result: SolveResult
+    health: FloatArray | None = None
+    engine_flags: npt.NDArray[np.uint8] | None = None
 
 
 class ControllerMetrics:
@@ -290,6 +304,12 @@ class ControllerMetrics:
         self.demand_rps = Gauge(
             "fastroute_controller_demand_rps", "Forecast demand (req/s)", ["class"], registry=r
         )
+        self.engine_health = Gauge(
+            "fastroute_controller_engine_health",
+            "Derating level h of the engine's capacity (1 healthy, 0 unavailable)",
+            ["engine"],
+            registry=r,
+        )
 
 
 def _solve_period(
@@ -330,6 +350,8 @@ class ControllerService:
         Default demand before reports, as a fraction of capacity (see module doc).
     shed_retry_factor : float
         Retry ratio multiplier while any class is shed.
+    clock : callable
+        Unix seconds (default ``time.time``): report receipt, demand periods and derating windows.
     """
 
     def __init__(
@@ -340,8 +362,10 @@ class ControllerService:
         metrics: ControllerMetrics | None = None,
         default_fraction: float = 0.5,
         shed_retry_factor: float = 0.2,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        self.clock = clock
         self.table_name = table_name or config.proxy.table_name
         self.metrics = metrics or ControllerMetrics()
         self.model = FleetModel.from_config(config, default_fraction=default_fraction)
@@ -353,6 +377,13 @@ class ControllerService:
             period_s=self.period_s,
         )
         self.lp = RoutingLP(time_limit_s=config.controller.solve_time_limit_s)
+        m = self.model
+        self.signals = SignalAccumulator(m.engine_ids.tolist())
+        self.health = HealthTracker(
+            m.profiles, m.capacity_rps, config.controller.derating, engine_names=m.engine_names
+        )
+        for name in m.engine_names:
+            self.metrics.engine_health.labels(name).set(1.0)
         self.writer: TableWriter | None = None
         self.snapshot: TableSnapshot | None = None
         self.plan: Plan | None = None
@@ -412,8 +443,9 @@ class ControllerService:
     # -- inputs ---------------------------------------------------------------------------------
 
     def observe(self, report: Report) -> None:
-        """Feed one decoded proxy report into the demand forecast."""
-        self.forecaster.observe(report, time.time())
+        """Feed one decoded proxy report into the demand forecast and the derating window."""
+        self.forecaster.observe(report, self.clock())
+        self.signals.observe(report)
 
     # -- one period -----------------------------------------------------------------------------
 
@@ -431,9 +463,43 @@ class ControllerService:
         async with self._step_lock:
             return await self._step()
 
+    def update_health(self, now_s: float) -> list[LevelChange]:
+        """Close the derating window; on a level change rebuild the group capacities ``Σ C h``.
+
+        Membership of the groups is unchanged (only ``C · h`` changes), so the LP structure and its
+        warm start survive.
+        """
+        changes = self.health.update(self.signals.drain(), now_s)
+        if not changes:
+            return changes
+        m = self.model
+        groups = group_engines(
+            m.profiles, m.capacity_rps, m.eligible, m.network_latency_s, health=self.health.health
+        )
+        self.model = replace(m, groups=groups)
+        for c in changes:
+            log.log(
+                logging.WARNING if c.new_health < c.old_health else logging.INFO,
+                "engine %s health %.2f -> %.2f: %s",
+                c.name,
+                c.old_health,
+                c.new_health,
+                c.reason,
+            )
+            self.metrics.engine_health.labels(c.name).set(c.new_health)
+        return changes
+
+    def engine_flags(self) -> npt.NDArray[np.uint8]:
+        """``FLAG_UNAVAILABLE`` for engines derated to 0, else 0."""
+        return np.where(self.health.health <= 0.0, FLAG_UNAVAILABLE, 0).astype(np.uint8)
+
     async def _step(self) -> bool:
         self.periods_total += 1
-        self.forecaster.update(time.time())
+        now_s = self.clock()
+        self.forecaster.update(now_s)
+        self.update_health(now_s)
+        health = self.health.health
+        flags = self.engine_flags()
         demand = self.demand()
         measured = self.forecaster.measured
         ctl = self.config.controller
@@ -475,13 +541,15 @@ class ControllerService:
             and prev.retry_ratio == retry
             and np.array_equal(prev.weights, w)
             and np.array_equal(prev.shed_fraction, sigma)
+            and prev.engine_flags is not None
+            and np.array_equal(prev.engine_flags, flags)
         )
         if unchanged:  # nothing for the data planes: no new generation, no long-poll wake-up
             snap = self.snapshot
             assert snap is not None
         else:
             try:
-                snap = await asyncio.to_thread(self._publish, w, sigma, retry, meta)
+                snap = await asyncio.to_thread(self._publish, w, sigma, retry, meta, flags)
             except (TableError, ValueError, OSError) as exc:
                 self._alert("publish_error", str(exc))
                 return False
@@ -500,6 +568,8 @@ class ControllerService:
             marginal_cost_s=res.marginal_cost_s,
             retry_ratio=retry,
             result=res,
+            health=health,
+            engine_flags=flags,
         )
         if self.last_error is not None:
             log.info("controller recovered: plan %d published", plan_id)
@@ -515,7 +585,12 @@ class ControllerService:
         return True
 
     def _publish(
-        self, w: FloatArray, sigma: FloatArray, retry: float, meta: dict[str, Any]
+        self,
+        w: FloatArray,
+        sigma: FloatArray,
+        retry: float,
+        meta: dict[str, Any],
+        flags: npt.NDArray[np.uint8] | None = None,
     ) -> TableSnapshot:
         if self.writer is None:
             raise TableError("the table is not open")
@@ -524,6 +599,7 @@ class ControllerService:
             self.model.engine_ids,
             w,
             class_keys=keys,
+            engine_flags=flags,
             shed_fraction=sigma,
             retry_ratio=retry,
             meta=meta,
@@ -533,9 +609,10 @@ class ControllerService:
             self.model.engine_ids,
             w,
             class_keys=keys,
+            engine_flags=flags,
             shed_fraction=sigma,
             retry_ratio=retry,
-            published_at=time.time(),
+            published_at=self.clock(),
             meta=meta,
         )
 
@@ -568,15 +645,25 @@ class ControllerService:
     def plan_json(self) -> dict[str, Any]:
         """The current plan as a JSON-able dict (``GET /v1/plan``)."""
         m = self.model
-        engines = [
-            {
-                "name": name,
-                "capacity_rps": float(cap),
-                "group": int(m.groups.group_of_engine[i]),
-                "load_rps": None if self.plan is None else float(self.plan.x_rps[:, i].sum()),
-            }
-            for i, (name, cap) in enumerate(zip(m.engine_names, m.capacity_rps, strict=True))
-        ]
+        flags = self.engine_flags()
+        engines: list[dict[str, Any]] = []
+        for i, (name, cap) in enumerate(zip(m.engine_names, m.capacity_rps, strict=True)):
+            d = self.health.state(i)
+            engines.append(
+                {
+                    "name": name,
+                    "capacity_rps": float(cap),
+                    "effective_capacity_rps": float(m.groups.engine_capacity_rps[i]),
+                    "group": int(m.groups.group_of_engine[i]),
+                    "load_rps": None if self.plan is None else float(self.plan.x_rps[:, i].sum()),
+                    "unavailable": bool(flags[i] & FLAG_UNAVAILABLE),
+                    "derating": d,
+                    # flat copies for the HTML page (controller.plan_page)
+                    "health_level": d["level"],
+                    "health_reason": d["reason"],
+                    "health_since": d["since"],
+                }
+            )
         out: dict[str, Any] = {
             "plan_id": None,
             "generation": self.generation,
