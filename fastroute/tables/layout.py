@@ -195,27 +195,39 @@ class BufferViews:
 
 
 def table_checksum(
-    header: bytes,
-    engine_ids: bytes | memoryview,
-    engine_flags: bytes | memoryview,
-    class_keys: bytes | memoryview,
-    shed_fraction: bytes | memoryview,
+    generation: int,
+    published_at: float,
+    retry_ratio: float,
+    engine_ids: Any,
+    engine_flags: Any,
+    class_keys: Any,
+    shed_fraction: Any,
     meta: bytes | memoryview,
-    weights: bytes | memoryview,
+    weights: Any,
 ) -> int:
-    """xxh3-64 over a buffer's header (checksum field excluded) and its used arrays.
+    """xxh3-64 over a table's buffer-header fields (checksum excluded) and its used arrays.
 
-    ``header`` is the packed ``BUFFER_HEADER`` with the checksum field zeroed.
-    Writers store it in the buffer; readers recompute it from a snapshot's copies
-    to prove the snapshot is not torn.
+    The one definition of a table's checksum: the writer stores it in the buffer, a
+    snapshot recomputes it from its own copies (:meth:`TableSnapshot.verify`), and the
+    wire format checks it on decode. Arrays must already have their layout dtypes.
     """
     from xxhash import xxh3_64
 
+    header = BUFFER_HEADER.pack(
+        generation,
+        len(engine_ids),
+        len(class_keys),
+        published_at,
+        retry_ratio,
+        0,
+        len(meta),
+    )
     digest = xxh3_64()
-    for start, end in CHECKSUMMED_HEADER_SPANS:
-        digest.update(header[start:end])
-    for part in (engine_ids, engine_flags, class_keys, shed_fraction, meta, weights):
+    for first, last in CHECKSUMMED_HEADER_SPANS:
+        digest.update(header[first:last])
+    for part in (engine_ids, engine_flags, class_keys, shed_fraction, meta):
         digest.update(part)
+    digest.update(np.ascontiguousarray(weights).reshape(-1))
     return digest.intdigest()
 
 

@@ -10,7 +10,6 @@ import msgspec
 import numpy as np
 
 from fastroute.tables.layout import (
-    BUFFER_HEADER,
     FLAG_DRAINING,
     FLAG_UNAVAILABLE,
     table_checksum,
@@ -89,22 +88,15 @@ class TableSnapshot:
 
     def verify(self) -> bool:
         """Recompute the checksum from this snapshot's own copies; True if it matches."""
-        header = BUFFER_HEADER.pack(
+        computed = table_checksum(
             self.generation,
-            self.n_engines,
-            self.n_classes,
             self.published_at,
             self.retry_ratio,
-            0,
-            len(self.meta_bytes),
-        )
-        computed = table_checksum(
-            header,
             self.engine_ids,
             self.engine_flags,
             self.class_keys,
             self.shed_fraction,
             self.meta_bytes,
-            self.weights.reshape(-1),
+            self.weights,
         )
         return computed == self.checksum

@@ -24,7 +24,6 @@ import numpy as np
 
 from fastroute.errors import TableError
 from fastroute.tables.layout import (
-    BUFFER_HEADER,
     HARD_MAX_CLASSES,
     HARD_MAX_ENGINES,
     META_MAX_BYTES,
@@ -107,23 +106,6 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 
 
-def _checksum(
-    generation: int,
-    published_at: float,
-    retry_ratio: float,
-    ids: np.ndarray,
-    flags: np.ndarray,
-    keys: np.ndarray,
-    shed: np.ndarray,
-    meta_bytes: bytes,
-    weights: np.ndarray,
-) -> int:
-    header = BUFFER_HEADER.pack(
-        generation, ids.shape[0], keys.shape[0], published_at, retry_ratio, 0, len(meta_bytes)
-    )
-    return table_checksum(header, ids, flags, keys, shed, meta_bytes, weights.reshape(-1))
-
-
 def _frozen(arr: np.ndarray) -> np.ndarray:
     arr.flags.writeable = False
     return arr
@@ -174,7 +156,7 @@ def make_snapshot(
     )
     meta_bytes = b"" if not meta else msgspec.msgpack.encode(meta)
     _validate(generation, published_at, retry_ratio, ids, flags, keys, shed, w, meta_bytes)
-    checksum = _checksum(
+    checksum = table_checksum(
         generation, published_at, retry_ratio, ids, flags, keys, shed, meta_bytes, w
     )
     return TableSnapshot(
@@ -256,7 +238,7 @@ def encode_snapshot(snap: TableSnapshot, fmt: str = "msgpack") -> bytes:
     keys = np.ascontiguousarray(snap.class_keys, dtype="<u8")
     shed = np.ascontiguousarray(snap.shed_fraction, dtype="<f8")
     w = np.ascontiguousarray(snap.weights, dtype="<f8").reshape(keys.shape[0], ids.shape[0])
-    checksum = _checksum(
+    checksum = table_checksum(
         snap.generation,
         snap.published_at,
         snap.retry_ratio,
@@ -394,7 +376,9 @@ def decode_snapshot(data: bytes) -> TableSnapshot:
             raise WireFormatError(f"meta is not msgpack: {exc}") from None
         if not isinstance(meta, dict):
             raise WireFormatError(f"meta must be a map, got {type(meta).__name__}")
-    expected = _checksum(generation, published_at, ratio, ids, flags, keys, shed, meta_bytes, w)
+    expected = table_checksum(
+        generation, published_at, ratio, ids, flags, keys, shed, meta_bytes, w
+    )
     if verify and checksum != expected:
         raise WireChecksumError(
             f"checksum {checksum:#018x} does not match the contents ({expected:#018x})"

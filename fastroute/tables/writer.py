@@ -266,10 +266,9 @@ class TableWriter:
         flat = w.reshape(-1)
         views.weights[: flat.shape[0]] = flat
         published_at = time.time()
-        unsummed = BUFFER_HEADER.pack(
-            generation, n_engines, n_classes, published_at, ratio, 0, len(meta_bytes)
+        checksum = table_checksum(
+            generation, published_at, ratio, ids, flags, keys, shed, meta_bytes, flat
         )
-        checksum = table_checksum(unsummed, ids, flags, keys, shed, meta_bytes, flat)
         header = BUFFER_HEADER.pack(
             generation, n_engines, n_classes, published_at, ratio, checksum, len(meta_bytes)
         )
