@@ -63,7 +63,7 @@ from controller.solve import RoutingLP, SolveError, SolveResult
 from controller.weights import class_weights, engine_weights, validate_weights
 from fastroute.config import PRIORITIES, Config
 from fastroute.errors import TableError
-from fastroute.hashing import engine_id, key_hash
+from fastroute.hashing import class_key, engine_id
 from fastroute.signals.reports import Report
 from fastroute.tables import FLAG_UNAVAILABLE, TableSnapshot, TableWriter
 from fastroute.tables.wire import make_snapshot
@@ -94,16 +94,6 @@ HARDWARE_SEED_LATENCY_S: dict[str, tuple[float, float]] = {
 }
 #: Seed constants for hardware classes not in :data:`HARDWARE_SEED_LATENCY_S`.
 FALLBACK_SEED_LATENCY_S: tuple[float, float] = HARDWARE_SEED_LATENCY_S["a40"]
-
-
-def class_key(cluster: str, model: str, priority: str) -> int:
-    """The weight-table row key of class ``(cluster, model, priority)``.
-
-    xxh3-64 of ``"\\0class\\0{cluster}\\0{model}\\0{priority}"``, the formula of
-    ``fastroute.proxy.fleet.class_key`` (re-implemented: ``controller`` may not import the proxy;
-    a unit test asserts equality).
-    """
-    return key_hash(f"\0class\0{cluster}\0{model}\0{priority}")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from xxhash import xxh3_64_intdigest
 
-__all__ = ["key_hash", "engine_id"]
+__all__ = ["key_hash", "engine_id", "class_key"]
 
 
 def key_hash(data: bytes | bytearray | memoryview | str) -> int:
@@ -35,3 +35,13 @@ def key_hash(data: bytes | bytearray | memoryview | str) -> int:
 def engine_id(name: str) -> int:
     """Return the stable 64-bit id of an engine named ``name`` (its :func:`key_hash`)."""
     return key_hash(name)
+
+
+def class_key(cluster: str, model: str, priority: str) -> int:
+    """The weight-table row key of the request class ``(cluster, model, priority)``.
+
+    xxh3-64 of ``"\\0class\\0{cluster}\\0{model}\\0{priority}"``. The controller publishes
+    rows under these keys and the proxy looks its classes up by them, so both call this.
+    Residency zones are not part of the key: the proxy applies them per request.
+    """
+    return key_hash(f"\0class\0{cluster}\0{model}\0{priority}")

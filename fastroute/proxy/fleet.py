@@ -49,7 +49,7 @@ from fastroute._core import Selector
 from fastroute._core.selector_py import ZERO_WEIGHT_RATIO
 from fastroute.config import PRIORITIES, Config, EngineConfig
 from fastroute.errors import TableError
-from fastroute.hashing import engine_id, key_hash
+from fastroute.hashing import class_key, engine_id
 from fastroute.proxy.outlier import Outcome, OutlierDetector
 from fastroute.tables import TableReader, TableSnapshot
 from fastroute.tables.stats import DEFAULT_EWMA_ALPHA, Counter, Ewma, StatsBlock
@@ -68,15 +68,6 @@ logger = logging.getLogger(__name__)
 
 #: Most distinct (zones, hardware) request masks cached.
 MAX_CACHED_MASKS = 1024
-
-
-def class_key(cluster: str, model: str, priority: str) -> int:
-    """The weight-table key of the class row ``(cluster, model, priority)``.
-
-    xxh3-64 of ``"\\0class\\0{cluster}\\0{model}\\0{priority}"``; the controller must
-    publish rows under the same keys.
-    """
-    return key_hash(f"\0class\0{cluster}\0{model}\0{priority}")
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fastroute.hashing import engine_id, key_hash
+from fastroute.hashing import class_key, engine_id, key_hash
 
 pytestmark = pytest.mark.parity
 
@@ -46,3 +46,9 @@ def test_stable_across_processes_with_different_hash_salts() -> None:
             check=True,
         ).stdout
         assert int(out) == key_hash("session-42")
+
+
+def test_class_key_formula_is_pinned() -> None:
+    """Proxy and controller share class_key; its value is pinned so rolling upgrades agree."""
+    assert class_key("local", "demo-8b", "default") == 0xFCE8E0E465A419D4
+    assert class_key("local", "demo-8b", "default") == key_hash("\0class\0local\0demo-8b\0default")

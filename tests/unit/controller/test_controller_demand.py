@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 
 from controller.demand import DemandForecaster
-from controller.service import class_key
-from fastroute.proxy.fleet import class_key as proxy_class_key
 from fastroute.signals.reports import ClassDemand, Report
 
 KEYS = [11, 22, 33]
@@ -23,12 +21,6 @@ def _report(worker: str, cluster: str, window_s: float, **requests: int) -> Repo
 
 def _forecaster(**kw: float) -> DemandForecaster:
     return DemandForecaster(KEYS, CLUSTERS, period_s=1.0, **kw)
-
-
-def test_class_key_matches_the_proxy() -> None:
-    """Class key matches the proxy."""
-    for args in [("local", "demo-8b", "default"), ("eu-west", "m/x:1", "batch"), ("", "", "")]:
-        assert class_key(*args) == proxy_class_key(*args)
 
 
 def test_defaults_before_any_report_and_floor() -> None:
