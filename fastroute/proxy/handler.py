@@ -37,6 +37,7 @@ from fastroute.policy import Decision, Policy, RouteRequest, make_policy
 from fastroute.proxy.admission import AdmissionQueue, AdmissionRejected, should_shed
 from fastroute.proxy.decisions import Attempt, DecisionLog, DecisionRecord
 from fastroute.proxy.fleet import Fleet, FleetState
+from fastroute.proxy.http1 import Response
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.openai_errors import error_response, sse_error_event
 from fastroute.proxy.outlier import Outcome
@@ -665,7 +666,7 @@ class InferenceHandler:
             policy.on_complete(route, engine_id, ok)
 
     def _response_headers(
-        self, resp: aiohttp.ClientResponse, record: DecisionRecord
+        self, resp: Response, record: DecisionRecord
     ) -> list[tuple[str, str]]:
         """The engine's headers to relay plus the proxy's, as pairs: aiohttp's
         ``Response`` copies its ``headers`` argument into a new multidict anyway."""
@@ -677,7 +678,7 @@ class InferenceHandler:
 
     async def _upstream_error(
         self,
-        resp: aiohttp.ClientResponse,
+        resp: Response,
         engine: str,
         index: int,
         attempt: Attempt,
@@ -741,7 +742,7 @@ class InferenceHandler:
     async def _relay_stream(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: Response,
         cls: _Classified,
         record: DecisionRecord,
         index: int,
