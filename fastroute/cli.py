@@ -25,6 +25,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("controller.cli", "run the control plane (LP weights, /v1/table, /v1/plan)"),
     "engine": ("fastroute.emulator.cli", "run emulated vLLM-compatible engines on loopback"),
     "table": ("fastroute.tables.cli", "inspect a shared-memory weight table"),
+    "demo": ("fastroute.demo.cli", "run the whole system on loopback with emulated engines"),
+    "sim": ("fastroute.sim.cli", "simulate routing policies on a virtual fleet (scenarios)"),
+    "bench": ("fastroute.bench.cli", "benchmark routers side by side on an emulated fleet"),
 }
 
 
