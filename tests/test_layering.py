@@ -35,6 +35,7 @@ ALLOWED_FASTROUTE: dict[str, tuple[str, ...]] = {
         "fastroute.errors",
         "fastroute.policy",
         "fastroute.hashing",
+        "fastroute.systemd",  # sd_notify readiness of the controller process (controller/cli.py)
     ),
 }
 
