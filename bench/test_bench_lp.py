@@ -3,7 +3,13 @@
 Instances follow reference/algorithms.md §1.6: 8 regions with RTT 2–150 ms, three hardware
 types (capacities 8 / 12 / 20 req/s, each its own latency shape), 3 % of engines half-derated, total
 demand 70 % of capacity, every class eligible everywhere (dense). A period draws fresh demand
-``D · U(0.95, 1.05)`` (setup, untimed) and re-solves anchored at the previous solution (timed).
+``D · U(0.95, 1.05)`` (setup, untimed) and re-solves (timed) anchored where the controller anchors:
+at what the published table sends at the new demand (:func:`controller.weights.table_anchor`).
+The ungrouped 50 × 500 period is timed with column generation (:class:`SiftingLP`, the default
+figure) and with the whole LP (also anchored at the previous rates, ``solution``, for comparison);
+the whole LP's cost is simplex pivots (≈ 1–2 k per period, about one per engine whose load sits on
+a segment breakpoint) times a per-pivot cost that grows with the pair columns, not the model update
+(≈ 2 ms).
 """
 
 from __future__ import annotations
@@ -16,8 +22,15 @@ import pytest
 from controller.groups import EngineGroups, group_engines
 from controller.latency import LatencyProfile
 from controller.lp import RoutingProblem
+from controller.sifting import SiftingLP
 from controller.solve import RoutingLP, SolveResult
-from controller.weights import churn, class_weights, engine_weights, validate_weights
+from controller.weights import (
+    churn,
+    class_weights,
+    engine_weights,
+    table_anchor,
+    validate_weights,
+)
 
 N_REGIONS = 8
 KAPPA_S = 0.2
@@ -72,21 +85,29 @@ def make_fleet(n_classes: int, n_engines: int, seed: int = 5) -> Fleet:
     )
 
 
-def _warm_period_bench(benchmark, fleet: Fleet, rounds: int) -> SolveResult:
-    lp = RoutingLP()
-    state = {"x": lp.solve(fleet.problem(fleet.demand_rps)).x_rps}
+def _warm_period_bench(
+    benchmark, fleet: Fleet, rounds: int, anchor: str = "table", solver: str = "simplex"
+) -> SolveResult:
+    lp = SiftingLP() if solver == "sifting" else RoutingLP()
+    state = {"x": lp.solve(fleet.problem(fleet.demand_rps)).x_rps, "d": fleet.demand_rps}
 
     def setup():
-        return (fleet.problem(fleet.drifted()), state["x"]), {}
+        demand = fleet.drifted()
+        x0 = state["x"]
+        if anchor == "table":
+            x0 = table_anchor(x0, state["d"], demand)
+        return (fleet.problem(demand), x0, demand), {}
 
-    def period(problem, x_prev):
+    def period(problem, x_prev, demand):
         res = lp.solve(problem, x_prev)
-        state["x"] = res.x_rps
+        state["x"], state["d"] = res.x_rps, demand
         return res
 
     res = benchmark.pedantic(period, setup=setup, rounds=rounds, iterations=1, warmup_rounds=1)
     assert res.warm and res.status == "Optimal"
     benchmark.extra_info.update(
+        anchor=anchor,
+        solver=solver,
         iterations=res.iterations,
         solve_ms=round(1e3 * res.solve_time_s, 3),
         update_ms=round(1e3 * res.build_time_s, 3),
@@ -112,9 +133,18 @@ def test_lp_10x100_warm(benchmark) -> None:
 
 
 @pytest.mark.benchmark(group="lp")
-def test_lp_50x500_ungrouped_warm(benchmark) -> None:
-    """One control period, 50 × 500 ungrouped (54 050 columns) after 5 % drift."""
-    _warm_period_bench(benchmark, make_fleet(50, 500), rounds=5)
+@pytest.mark.parametrize(
+    ("solver", "anchor"),
+    [("sifting", "table"), ("simplex", "table"), ("simplex", "solution")],
+)
+def test_lp_50x500_ungrouped_warm(benchmark, solver: str, anchor: str) -> None:
+    """One control period, 50 × 500 ungrouped (54 050 columns) after 5 % drift.
+
+    ``simplex``: the whole LP, warm dual simplex. ``sifting``: :class:`SiftingLP`, the same LP
+    over a working set of pairs priced out with the duals (same optimum); its warm-up rounds
+    grow the working set, the timed periods mostly re-solve it warm.
+    """
+    _warm_period_bench(benchmark, make_fleet(50, 500), rounds=9, anchor=anchor, solver=solver)
 
 
 @pytest.mark.benchmark(group="lp")
@@ -123,15 +153,17 @@ def test_lp_50x2000_grouped_period(benchmark) -> None:
     fleet = make_fleet(50, 2000)
     lp = RoutingLP()
     groups = fleet.groups()
-    state = {"x": lp.solve(RoutingProblem.from_groups(fleet.demand_rps, groups)).x_rps}
+    first = lp.solve(RoutingProblem.from_groups(fleet.demand_rps, groups, kappa_s=KAPPA_S))
+    state = {"x": first.x_rps, "d": fleet.demand_rps}
 
     def setup():
         return (fleet.drifted(),), {}
 
     def period(demand):
         g = fleet.groups()
-        res = lp.solve(RoutingProblem.from_groups(demand, g, kappa_s=KAPPA_S), state["x"])
-        state["x"] = res.x_rps
+        x0 = table_anchor(state["x"], state["d"], demand)
+        res = lp.solve(RoutingProblem.from_groups(demand, g, kappa_s=KAPPA_S), x0)
+        state["x"], state["d"] = res.x_rps, demand
         w, sigma = class_weights(res.x_rps, res.shed_rps, demand)
         w_engine = engine_weights(w, g)
         validate_weights(w_engine, sigma)
@@ -154,6 +186,8 @@ def test_lp_churn_under_demand_noise(benchmark, noise: str) -> None:
 
     ``walk``: D_t = D_{t−1} · U(0.95, 1.05) (the reference's drift step, |ΔD| ≈ 2.5 %);
     ``iid``: D_t = D · U(0.95, 1.05) around a fixed base (consecutive |ΔD| ≈ 3.3 %).
+    Target (issue 5): mean churn ≤ 2 % per period. The instances are seeded, so the figure is
+    deterministic and asserted.
     """
     fleet = make_fleet(50, 2000, seed=9)
     groups = fleet.groups()
@@ -167,7 +201,8 @@ def test_lp_churn_under_demand_noise(benchmark, noise: str) -> None:
         return (base * fleet.rng.uniform(0.95, 1.05, base.size),), {}
 
     def period(demand):
-        r = lp.solve(RoutingProblem.from_groups(demand, groups, kappa_s=KAPPA_S), state["x"])
+        x0 = table_anchor(state["x"], state["d"], demand)
+        r = lp.solve(RoutingProblem.from_groups(demand, groups, kappa_s=KAPPA_S), x0)
         w = engine_weights(class_weights(r.x_rps, r.shed_rps, demand)[0], groups)
         state["tv"].append(churn(state["w"], w, demand))
         state["x"], state["w"], state["d"] = r.x_rps, w, demand
@@ -179,4 +214,4 @@ def test_lp_churn_under_demand_noise(benchmark, noise: str) -> None:
         churn_mean_pct=round(100 * float(tv.mean()), 3),
         churn_max_pct=round(100 * float(tv.max()), 3),
     )
-    assert tv.mean() <= 0.05
+    assert tv.mean() <= 0.02

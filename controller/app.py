@@ -24,7 +24,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -163,6 +164,10 @@ def make_app(
     max_waiters: int = MAX_WAITERS,
     max_report_bytes: int = MAX_REPORT_BYTES,
     run_loop: bool = True,
+    mode: str = "lp",
+    p_gain: float = 0.5,
+    p_ewma_alpha: float = 0.5,
+    service_options: Mapping[str, Any] | None = None,
 ) -> web.Application:
     """Build the controller app; the control loop runs while the app does.
 
@@ -177,15 +182,31 @@ def make_app(
         Largest accepted report body; larger ones get 413.
     run_loop : bool
         Start the periodic control loop (tests may drive :meth:`ControllerService.step`).
+    mode : str
+        ``"lp"`` or ``"p-controller"`` (the legacy baseline; see :class:`ControllerService`).
+    p_gain, p_ewma_alpha : float
+        The baseline's gain and EWMA factor (``p-controller`` only).
+    service_options : mapping, optional
+        Further keyword arguments of :class:`ControllerService` (tests, experiments).
 
     Notes
     -----
     Startup opens the table (``TableLockedError`` if another writer owns it) and publishes a first
-    plan from the default demand before serving. Cleanup lets a running period finish, then closes
-    the table without unlinking it: proxies on this host keep routing on the last weights, and a
-    restarted controller continues its generations in place.
+    plan from the default demand before serving; with ``run_loop`` the engine scrapes
+    (:class:`controller.scrape.EngineScraper`) run every ``controller.scrape_interval_s``.
+    Cleanup lets a running period finish, then closes the table without unlinking it: proxies on
+    this host keep routing on the last weights, and a restarted controller continues its
+    generations in place.
     """
-    service = ControllerService(config, table_name=table_name, metrics=ControllerMetrics())
+    service = ControllerService(
+        config,
+        table_name=table_name,
+        metrics=ControllerMetrics(),
+        mode=mode,
+        p_gain=p_gain,
+        p_ewma_alpha=p_ewma_alpha,
+        **dict(service_options or {}),
+    )
     api = ControllerApi(service, max_waiters)
     app = web.Application(client_max_size=max_report_bytes)
     app[SERVICE] = service
@@ -200,14 +221,21 @@ def make_app(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         service.open()
         task: asyncio.Task[None] | None = None
+        scrapes: asyncio.Task[None] | None = None
         try:
             if run_loop:
+                scrapes = asyncio.create_task(service.scraper.run(), name="controller-scrapes")
                 task = asyncio.create_task(service.run(), name="controller-loop")
             else:
                 await service.step()
             yield
         finally:
             service.stop()
+            if scrapes is not None:
+                scrapes.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await scrapes
+            await service.scraper.close()
             if task is not None:
                 limit_s = config.controller.solve_time_limit_s + 5.0
                 try:

@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from controller.latency import LatencyProfile
 
-__all__ = ["EngineGroups", "group_engines", "split_group"]
+__all__ = ["EngineGroups", "group_engines", "regroup_rates", "split_group"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.intp]
@@ -194,3 +194,18 @@ def group_engines(
         eligible=elig[:, reps],
         network_latency_s=dist[:, reps],
     )
+
+
+def regroup_rates(x_group_rps: npt.ArrayLike, old: EngineGroups, new: EngineGroups) -> FloatArray:
+    """Group rates of partition ``old`` re-expressed over partition ``new`` (same engines).
+
+    Each old group's rate is split over its members ∝ effective capacity, then summed per new
+    group, so the total per class is kept. Used to carry the LP anchor over a regrouping
+    (a refitted profile splitting or merging groups).
+    """
+    if old.group_of_engine.shape != new.group_of_engine.shape:
+        raise ValueError("both partitions must cover the same engines")
+    x_eng = old.split(x_group_rps)
+    out = np.zeros((x_eng.shape[0], new.n_groups))
+    np.add.at(out.T, new.group_of_engine, x_eng.T)
+    return out

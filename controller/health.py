@@ -529,6 +529,19 @@ class HealthTracker:
             changes.append(self._change(int(i), +1, self._up_reason(int(i), s), now_s))
         return changes
 
+    def restore(self, i: int, reason: str, now_s: float) -> LevelChange | None:
+        """Return engine ``i`` to full health at once (it was re-profiled: a stable latency shift
+        is a different curve, priced by the LP, not an anomaly); streaks restart.
+
+        The caller gives the engine its own profile first (``profiles``). Returns the change, or
+        None when the engine already was at full health.
+        """
+        if self.level[i] == _TOP:
+            self.bad_windows[i] = 0
+            self.good_windows[i] = 0
+            return None
+        return self._change(i, _TOP - int(self.level[i]), reason, now_s)
+
     def _change(self, i: int, delta: int, reason: str, now_s: float) -> LevelChange:
         old = LEVELS[self.level[i]]
         self.level[i] += delta

@@ -12,12 +12,16 @@ Every ``controller.period_s`` :meth:`ControllerService.step` does, in order:
    by :func:`class_key` (the proxy's row key). Eligibility: the engine serves the model and has role
    ``both``; every zone is eligible (the proxy filters zones per request). Network latency: the
    config RTT from the class's cluster to the engine's region (one round trip per request).
-   Profiles: :meth:`LatencyProfile.seed` with the per-hardware constants of
-   :data:`HARDWARE_SEED_LATENCY_S` on the config's breakpoint grid; health from the derating
-   state (see below).
-   Engines are grouped once (:func:`controller.groups.group_engines`, exact aggregation).
-3. **Solve** :class:`controller.solve.RoutingLP` (warm: the previous group solution is the anchor
-   ``x⁰``) in a worker thread (``asyncio.to_thread``), HiGHS time limit
+   Profiles: seeded with :meth:`LatencyProfile.seed` and the per-hardware constants of
+   :data:`HARDWARE_SEED_LATENCY_S` on the config's breakpoint grid, then fitted online per *fit
+   group* (hardware, models, region, role) by :class:`controller.profiles.ProfileFitter` from
+   every window's signals; a refit replaces a group's profile only past ``profile_deadband``.
+   Health from the derating state (see below). Engines are grouped
+   (:func:`controller.groups.group_engines`, exact aggregation) again whenever health or a
+   profile changes.
+3. **Solve** :class:`controller.solve.RoutingLP` (warm; the anchor ``x⁰`` is what the published
+   table sends at the new forecast, :func:`controller.weights.table_anchor`) in a worker thread
+   (``asyncio.to_thread``), HiGHS time limit
    ``controller.solve_time_limit_s``. Shed penalty base ``P₀ = shed_base_factor · (max m + max d +
    2 max κ)`` (never cheaper to shed than to serve anything servable), ``π`` per priority from
    ``controller.shed_penalties``.
@@ -37,7 +41,7 @@ period; at the start of each period :class:`controller.health.HealthTracker` sco
 (residual vs profile, robust z within the peer group, error rate) and steps health levels
 ``h ∈ {0, .25, .5, .75, 1}`` with hysteresis. A change regroups nothing (only ``C · h`` changes,
 the engine keeps its group); level 0 publishes ``FLAG_UNAVAILABLE`` for the engine. Not done here:
-profile fitting from scraped signals, P/D pairs.
+P/D pairs.
 """
 
 from __future__ import annotations
@@ -54,13 +58,24 @@ import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from controller.baseline import BaselinePolicy, window_latency_s
 from controller.demand import DemandForecaster
-from controller.groups import EngineGroups, group_engines
-from controller.health import HealthTracker, LevelChange, SignalAccumulator
+from controller.groups import EngineGroups, group_engines, regroup_rates
+from controller.health import (
+    MAD_TO_SIGMA,
+    HealthTracker,
+    HealthWindow,
+    LevelChange,
+    SignalAccumulator,
+    peer_groups,
+)
 from controller.latency import LatencyProfile
 from controller.lp import RoutingProblem
+from controller.profiles import ProfileFitter
+from controller.scrape import EngineScraper, ScrapeWindow
+from controller.sifting import SiftingLP
 from controller.solve import RoutingLP, SolveError, SolveResult
-from controller.weights import class_weights, engine_weights, validate_weights
+from controller.weights import class_weights, engine_weights, table_anchor, validate_weights
 from fastroute.config import PRIORITIES, Config
 from fastroute.errors import TableError
 from fastroute.hashing import class_key, engine_id
@@ -70,6 +85,7 @@ from fastroute.tables.wire import make_snapshot
 
 __all__ = [
     "HARDWARE_SEED_LATENCY_S",
+    "MODES",
     "ClassSpec",
     "ControllerMetrics",
     "ControllerService",
@@ -92,6 +108,11 @@ HARDWARE_SEED_LATENCY_S: dict[str, tuple[float, float]] = {
     "a40": (0.15, 0.025),
     "l4": (0.25, 0.045),
 }
+#: Grouped LPs with at least this many eligible (class, group) pairs are solved by column
+#: generation (:class:`controller.sifting.SiftingLP`).
+SIFTING_MIN_PAIRS = 10_000
+#: Control policies: the LP (default) and the legacy proportional controller (baseline).
+MODES: tuple[str, ...] = ("lp", "p-controller")
 #: Seed constants for hardware classes not in :data:`HARDWARE_SEED_LATENCY_S`.
 FALLBACK_SEED_LATENCY_S: tuple[float, float] = HARDWARE_SEED_LATENCY_S["a40"]
 
@@ -300,10 +321,28 @@ class ControllerMetrics:
             ["engine"],
             registry=r,
         )
+        self.engine_stale = Gauge(
+            "fastroute_controller_engine_stale",
+            "1 when the controller has no fresh /metrics scrape of the engine",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_scrape_age = Gauge(
+            "fastroute_controller_engine_scrape_age_seconds",
+            "Age of the last good /metrics scrape of the engine (-1: never)",
+            ["engine"],
+            registry=r,
+        )
+        self.scrape_errors = Gauge(
+            "fastroute_controller_engine_scrape_errors",
+            "Failed scrapes of the engine since start",
+            ["engine"],
+            registry=r,
+        )
 
 
 def _solve_period(
-    lp: RoutingLP,
+    lp: RoutingLP | SiftingLP,
     model: FleetModel,
     demand_rps: FloatArray,
     x_prev_rps: FloatArray | None,
@@ -342,6 +381,28 @@ class ControllerService:
         Retry ratio multiplier while any class is shed.
     clock : callable
         Unix seconds (default ``time.time``): report receipt, demand periods and derating windows.
+    profile_half_life_windows : float
+        Half-life (periods) of the online profile fit (:class:`controller.profiles.ProfileFitter`).
+    profile_deadband : float
+        A refitted group profile replaces the one in use only when some segment slope moved by more
+        than this fraction (small fit noise must not move traffic).
+    mode : str
+        ``"lp"`` (the optimiser) or ``"p-controller"`` (the legacy baseline,
+        :class:`controller.baseline.BaselinePolicy`, for experiments); both publish the same way.
+    p_gain, p_ewma_alpha : float
+        Gain ``K`` and EWMA factor of the baseline (``p-controller`` mode only).
+    republish_after_s : float, optional
+        An unchanged plan is still published (new generation) once the table in force is this
+        old, so the data planes' table age tells a live controller from a dead one; default
+        ``10 · period_s``.
+    reprofile_after_windows : int, optional
+        An engine derated for latency this many consecutive windows with a *stable* residual
+        (see :meth:`reprofile`) gets its own profile and full health back; default
+        ``4 · derating.exit_windows``.
+    reprofile_max_dispersion_log : float
+        "Stable": robust dispersion (1.4826 · MAD) of the windows' log latency ratios at most this.
+    health_min_latency_samples : int
+        Fewest TTFT (TBOT) samples of an engine in a window for its latency to be scored.
     """
 
     def __init__(
@@ -353,7 +414,19 @@ class ControllerService:
         default_fraction: float = 0.5,
         shed_retry_factor: float = 0.2,
         clock: Callable[[], float] = time.time,
+        profile_half_life_windows: float = 60.0,
+        profile_deadband: float = 0.05,
+        mode: str = "lp",
+        p_gain: float = 0.5,
+        p_ewma_alpha: float = 0.5,
+        republish_after_s: float | None = None,
+        reprofile_after_windows: int | None = None,
+        reprofile_max_dispersion_log: float = 0.1,
+        health_min_latency_samples: int = 20,
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
         self.config = config
         self.clock = clock
         self.table_name = table_name or config.proxy.table_name
@@ -361,17 +434,82 @@ class ControllerService:
         self.model = FleetModel.from_config(config, default_fraction=default_fraction)
         self.period_s = config.controller.period_s
         self.shed_retry_factor = shed_retry_factor
+        self.republish_after_s = (
+            10.0 * self.period_s if republish_after_s is None else republish_after_s
+        )
         self.forecaster = DemandForecaster(
             [c.key for c in self.model.classes],
             [c.cluster for c in self.model.classes],
             period_s=self.period_s,
         )
-        self.lp = RoutingLP(time_limit_s=config.controller.solve_time_limit_s)
+        limit_s = config.controller.solve_time_limit_s
+        # column generation pays off only on big LPs (ungroupable fleets); tens of groups solve
+        # in milliseconds as they are
+        self.lp: RoutingLP | SiftingLP = (
+            SiftingLP(time_limit_s=limit_s)
+            if int(self.model.groups.eligible.sum()) >= SIFTING_MIN_PAIRS
+            else RoutingLP(time_limit_s=limit_s)
+        )
         m = self.model
         self.signals = SignalAccumulator(m.engine_ids.tolist())
+        # peers = hardware shape, fixed at start: refitted profiles must not regroup the peers
         self.health = HealthTracker(
-            m.profiles, m.capacity_rps, config.controller.derating, engine_names=m.engine_names
+            m.profiles,
+            m.capacity_rps,
+            config.controller.derating,
+            engine_names=m.engine_names,
+            group=peer_groups(m.profiles),
+            min_latency_samples=health_min_latency_samples,
         )
+        fit_keys: dict[tuple[str, ...], int] = {}
+        for e in config.engines:
+            fit_keys.setdefault(
+                (e.hardware, ",".join(sorted(e.models)), e.region, e.role), len(fit_keys)
+            )
+        self.fit_group = np.array(
+            [
+                fit_keys[(e.hardware, ",".join(sorted(e.models)), e.region, e.role)]
+                for e in config.engines
+            ],
+            dtype=np.intp,
+        )
+        first = {int(g): i for i, g in reversed(list(enumerate(self.fit_group)))}
+        self.fitter = ProfileFitter(
+            [m.profiles[first[g]] for g in range(len(fit_keys))],
+            self.fit_group,
+            m.capacity_rps,
+            half_life_windows=profile_half_life_windows,
+            group_names=["/".join(k) for k in fit_keys],
+        )
+        self.profile_deadband = profile_deadband
+        #: Profile in use per fit group (the seed until a refit passes the deadband).
+        self.fit_profiles: list[LatencyProfile] = list(self.fitter.seeds)
+        self.profile_updates_total = 0
+        self.baseline: BaselinePolicy | None = None
+        if mode == "p-controller":
+            self.baseline = BaselinePolicy(
+                m.eligible, m.engine_names, gain=p_gain, ewma_alpha=p_ewma_alpha
+            )
+        self._last_window: HealthWindow | None = None
+        self.scraper = EngineScraper(
+            config.engines,
+            interval_s=config.controller.scrape_interval_s,
+            timeout_s=config.controller.scrape_timeout_s,
+            clock=clock,
+        )
+        self.last_scrape: ScrapeWindow | None = None
+        der = config.controller.derating
+        self.reprofile_after_windows = (
+            4 * der.exit_windows if reprofile_after_windows is None else reprofile_after_windows
+        )
+        if self.reprofile_after_windows < 1:
+            raise ValueError("reprofile_after_windows must be >= 1")
+        self.reprofile_max_dispersion_log = reprofile_max_dispersion_log
+        n_e = len(m.engine_names)
+        # ring of the last windows' log latency ratios (TTFT, TBOT) while derated for latency
+        self._shift_log = np.full((2, n_e, self.reprofile_after_windows), np.nan)
+        self._shift_windows = np.zeros(n_e, dtype=np.int64)
+        self.reprofiles_total = 0
         for name in m.engine_names:
             self.metrics.engine_health.labels(name).set(1.0)
         self.writer: TableWriter | None = None
@@ -380,6 +518,8 @@ class ControllerService:
         self.last_error: str | None = None
         self.periods_total = 0
         self._x_prev: FloatArray | None = None
+        self._demand_prev: FloatArray | None = None
+        self._groups_prev: EngineGroups | None = None
         self._plan_id = 0
         self._changed = asyncio.Event()
         self._step_lock = asyncio.Lock()
@@ -448,19 +588,31 @@ class ControllerService:
 
         A plan whose weights, shed fractions and retry ratio equal the published ones (bitwise; the
         κ fixed point makes an unchanged input reproduce them exactly) updates ``plan`` but
-        publishes no new generation, so parked long-polls are not woken for nothing.
+        publishes no new generation, so parked long-polls are not woken for nothing; except when
+        the table in force is ``republish_after_s`` old (a heartbeat: the proxies' table age then
+        stays bounded while the controller lives).
         """
         async with self._step_lock:
             return await self._step()
 
     def update_health(self, now_s: float) -> list[LevelChange]:
-        """Close the derating window; on a level change rebuild the group capacities ``Σ C h``.
+        """Close the signal window: derating levels, then the online profile fit.
 
-        Membership of the groups is unchanged (only ``C · h`` changes), so the LP structure and its
-        warm start survive.
+        On a level change or a refitted profile the groups are rebuilt. A level change keeps group
+        membership (only ``C · h`` changes), so the LP structure and its warm start survive; a
+        refit can split or merge groups (the anchor is carried over by :func:`regroup_rates`).
         """
-        changes = self.health.update(self.signals.drain(), now_s)
-        if not changes:
+        window = self.signals.drain()
+        self._last_window = window
+        scraped = self.scraper.drain(now_s)
+        self.last_scrape = scraped
+        self._scrape_metrics(now_s)
+        changes = self.health.update(window, now_s)
+        refit = self.learn_profiles(window, scraped)
+        reprofiled = self.reprofile(now_s)
+        changes += reprofiled
+        refit = refit or bool(reprofiled)
+        if not changes and not refit:
             return changes
         m = self.model
         groups = group_engines(
@@ -479,6 +631,146 @@ class ControllerService:
             self.metrics.engine_health.labels(c.name).set(c.new_health)
         return changes
 
+    def learn_profiles(self, window: HealthWindow, scraped: ScrapeWindow | None = None) -> bool:
+        """Feed one window to the profile fit; swap in group profiles that moved past the deadband.
+
+        Per engine the fit takes the controller's own scrape where it has latency samples (the
+        engine-side TTFT / inter-token histograms exclude the network, which the LP adds as
+        ``d``; load = completed requests/s), else the proxies' in-band report window.
+
+        Not learnt from: engines below full health, and engines whose window the anomaly score
+        did not find normal against their peers (robust ``z > z_exit`` or an error bound above
+        ``error_rate_exit``), so an anomaly is scored against its group's curve instead of being
+        absorbed into it. Returns whether any profile in use changed (the caller regroups).
+        """
+        skip = self.health.health < 1.0
+        score = self.health.last_score
+        if score is not None:
+            cfg = self.config.controller.derating
+            with np.errstate(invalid="ignore"):
+                skip |= score.robust & (score.z > cfg.z_exit)
+                skip |= score.errors_valid & (score.error_rate_lb > cfg.error_rate_exit)
+        load = window.load_rps.astype(np.float64)
+        ttft_n, ttft_s = window.ttft_count.astype(np.float64), window.ttft_sum_s.copy()
+        tbot_n, tbot_s = window.tbot_count.astype(np.float64), window.tbot_sum_s.copy()
+        if scraped is not None:
+            own = (scraped.ttft_count > 0) & np.isfinite(scraped.load_rps)
+            load = np.where(own, scraped.load_rps, load)
+            ttft_n = np.where(own, scraped.ttft_count, ttft_n)
+            ttft_s = np.where(own, scraped.ttft_sum_s, ttft_s)
+            tbot_n = np.where(own, scraped.tbot_count, tbot_n)
+            tbot_s = np.where(own, scraped.tbot_sum_s, tbot_s)
+        self.fitter.observe(load, ttft_n, ttft_s, tbot_n, tbot_s, exclude=skip)
+        changed = False
+        for g, fit in enumerate(self.fitter.profiles()):
+            cur = self.fit_profiles[g]
+            if fit is cur:
+                continue
+            rel = np.abs(fit.slopes_s - cur.slopes_s) / np.maximum(cur.slopes_s, 1e-12)
+            if float(rel.max(initial=0.0)) > self.profile_deadband:
+                self.fit_profiles[g] = fit
+                changed = True
+        if changed:
+            self.profile_updates_total += 1
+            profiles = tuple(self.fit_profiles[g] for g in self.fit_group)
+            self.model = replace(self.model, profiles=profiles)
+            self.health.profiles = profiles
+            log.info("latency profiles refitted (update %d)", self.profile_updates_total)
+        return changed
+
+    def reprofile(self, now_s: float) -> list[LevelChange]:
+        """Re-profile engines whose latency shift is stable instead of derating them forever.
+
+        Mechanism (docs/controller.md "Re-profiling"): while an engine is derated and its window
+        has latency samples without an error-rate anomaly, the log ratios (observed / its current
+        profile) of TTFT and TBOT are kept for the last ``reprofile_after_windows`` windows. When
+        that many consecutive windows are all present, the shift is at least 1.25× and their
+        robust dispersion is at most ``reprofile_max_dispersion_log``, the engine is a different
+        curve, not a fault: it gets a fit group of its own seeded with its group's profile × the
+        median ratios (then fitted online like any group), and full health (the LP now prices its
+        slower curve: its share falls through the marginal latency, continuously, not by derating
+        levels). It leaves its LP group (a new shape), so the LP structure changes once.
+        """
+        score = self.health.last_score
+        if score is None:
+            return []
+        cfg = self.config.controller.derating
+        derated = self.health.health < 1.0
+        with np.errstate(invalid="ignore"):
+            err_ok = ~score.errors_valid | (score.error_rate_lb <= cfg.error_rate_exit)
+        seen = derated & score.latency_valid & err_ok
+        n = self.reprofile_after_windows
+        slot = self._shift_windows % n
+        idx = np.flatnonzero(seen)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self._shift_log[0, idx, slot[idx]] = np.log(score.ttft_ratio[idx])
+            self._shift_log[1, idx, slot[idx]] = np.log(score.tbot_ratio[idx])
+        self._shift_windows = np.where(seen, self._shift_windows + 1, 0)
+        self._shift_log[:, ~seen, :] = np.nan
+        changes: list[LevelChange] = []
+        for i in np.flatnonzero(self._shift_windows >= n):
+            logs = self._shift_log[:, i, :]
+            med = np.full(2, np.nan)
+            disp = np.full(2, np.nan)
+            for k in range(2):
+                v = logs[k][np.isfinite(logs[k])]
+                if v.size == n:
+                    med[k] = float(np.median(v))
+                    disp[k] = MAD_TO_SIGMA * float(np.median(np.abs(v - med[k])))
+            usable = np.isfinite(med)
+            if not usable.any() or np.nanmax(med) < np.log(1.25):
+                continue
+            if np.any(disp[usable] > self.reprofile_max_dispersion_log):
+                continue
+            changes.extend(self._split_engine(int(i), np.where(usable, med, 0.0), now_s))
+        return changes
+
+    def _split_engine(self, i: int, log_ratio: FloatArray, now_s: float) -> list[LevelChange]:
+        m = self.model
+        g_old = int(self.fit_group[i])
+        base = self.fit_profiles[g_old]
+        seed = LatencyProfile(
+            base.breakpoints_rho,
+            base.ttft_s * float(np.exp(log_ratio[0])),
+            base.tbot_s * float(np.exp(log_ratio[1])),
+            mean_output_tokens=base.mean_output_tokens,
+            gamma=base.gamma,
+        )
+        name = f"{self.fitter.group_names[g_old].split('+')[0]}+{m.engine_names[i]}"
+        g = self.fitter.split(i, seed, name)
+        if g == len(self.fit_profiles):
+            self.fit_profiles.append(seed)
+        else:
+            self.fit_profiles[g] = seed
+        self.fit_group[i] = g
+        profiles = tuple(self.fit_profiles[k] for k in self.fit_group)
+        self.model = replace(m, profiles=profiles)
+        self.health.profiles = profiles
+        self._shift_windows[i] = 0
+        self._shift_log[:, i, :] = np.nan
+        self.reprofiles_total += 1
+        shift = ", ".join(
+            f"{label} {np.exp(v):.2f}×"
+            for label, v in (("TTFT", log_ratio[0]), ("TBOT", log_ratio[1]))
+            if v != 0.0
+        )
+        reason = (
+            f"re-profiled: stable shift ({shift} its group) for "
+            f"{self.reprofile_after_windows} windows; own profile"
+        )
+        log.warning("engine %s %s", m.engine_names[i], reason)
+        change = self.health.restore(i, reason, now_s)
+        return [] if change is None else [change]
+
+    def _scrape_metrics(self, now_s: float) -> None:
+        stale = self.scraper.stale(now_s)
+        for i, name in enumerate(self.model.engine_names):
+            st = self.scraper.states[i]
+            age = st.age_s(now_s)
+            self.metrics.engine_stale.labels(name).set(float(stale[i]))
+            self.metrics.engine_scrape_age.labels(name).set(-1.0 if age is None else age)
+            self.metrics.scrape_errors.labels(name).set(st.errors_total)
+
     def engine_flags(self) -> npt.NDArray[np.uint8]:
         """``FLAG_UNAVAILABLE`` for engines derated to 0, else 0."""
         return np.where(self.health.health <= 0.0, FLAG_UNAVAILABLE, 0).astype(np.uint8)
@@ -493,17 +785,30 @@ class ControllerService:
         demand = self.demand()
         measured = self.forecaster.measured
         ctl = self.config.controller
+        anchor = None
+        if self._x_prev is not None and self._demand_prev is not None:
+            x_prev = self._x_prev
+            old, new = self._groups_prev, self.model.groups
+            if old is not None and not np.array_equal(old.group_of_engine, new.group_of_engine):
+                x_prev = regroup_rates(x_prev, old, new)
+            anchor = table_anchor(x_prev, self._demand_prev, demand)
+        groups_now = self.model.groups
         t0 = time.perf_counter()
         try:
-            res, w, sigma, x_eng = await asyncio.to_thread(
-                _solve_period,
-                self.lp,
-                self.model,
-                demand,
-                self._x_prev,
-                ctl.kappa_s,
-                ctl.shed_base_factor,
-            )
+            if self.baseline is not None:
+                res, w, sigma, x_eng = await asyncio.to_thread(
+                    self._baseline_period, demand, now_s, flags
+                )
+            else:
+                res, w, sigma, x_eng = await asyncio.to_thread(
+                    _solve_period,
+                    self.lp,
+                    self.model,
+                    demand,
+                    anchor,
+                    ctl.kappa_s,
+                    ctl.shed_base_factor,
+                )
         except SolveError as exc:
             self.metrics.solves.labels(status=exc.status).inc()
             self._alert("solve_error", str(exc))
@@ -533,6 +838,7 @@ class ControllerService:
             and np.array_equal(prev.shed_fraction, sigma)
             and prev.engine_flags is not None
             and np.array_equal(prev.engine_flags, flags)
+            and self.clock() - self.snapshot.published_at < self.republish_after_s
         )
         if unchanged:  # nothing for the data planes: no new generation, no long-poll wake-up
             snap = self.snapshot
@@ -544,7 +850,10 @@ class ControllerService:
                 self._alert("publish_error", str(exc))
                 return False
         self._plan_id = plan_id
-        self._x_prev = res.x_rps
+        if self.baseline is None:
+            self._x_prev = res.x_rps
+            self._demand_prev = demand
+            self._groups_prev = groups_now
         self.snapshot = snap
         self.plan = Plan(
             plan_id=plan_id,
@@ -573,6 +882,32 @@ class ControllerService:
         self._changed.set()
         self._changed = asyncio.Event()
         return True
+
+    def _baseline_period(
+        self, demand: FloatArray, now_s: float, flags: npt.NDArray[np.uint8]
+    ) -> tuple[SolveResult, FloatArray, FloatArray, FloatArray]:
+        """One ``p-controller`` period: nudge the weights by the window's latencies."""
+        assert self.baseline is not None
+        t0 = time.perf_counter()
+        window = self._last_window or HealthWindow.empty(len(self.model.engine_names))
+        latency = window_latency_s(window, self.model.profiles)
+        w = self.baseline.step(latency, now_s, available=(flags & FLAG_UNAVAILABLE) == 0)
+        sigma = np.zeros(w.shape[0])
+        validate_weights(w, sigma)
+        x = w * demand[:, None]
+        res = SolveResult(
+            x_rps=x,
+            shed_rps=sigma.copy(),
+            objective=0.0,
+            marginal_cost_s=np.zeros(w.shape[0]),
+            load_rps=x.sum(axis=0),
+            status="p-controller",
+            iterations=0,
+            solve_time_s=time.perf_counter() - t0,
+            build_time_s=0.0,
+            warm=False,
+        )
+        return res, w, sigma, x
 
     def _publish(
         self,
@@ -636,15 +971,27 @@ class ControllerService:
         """The current plan as a JSON-able dict (``GET /v1/plan``)."""
         m = self.model
         flags = self.engine_flags()
+        now_s = self.clock()
         engines: list[dict[str, Any]] = []
         for i, (name, cap) in enumerate(zip(m.engine_names, m.capacity_rps, strict=True)):
             d = self.health.state(i)
+            scrape = self.scraper.state(i, now_s)
             engines.append(
                 {
                     "name": name,
                     "capacity_rps": float(cap),
                     "effective_capacity_rps": float(m.groups.engine_capacity_rps[i]),
                     "group": int(m.groups.group_of_engine[i]),
+                    "fit_group": self.fitter.group_names[int(self.fit_group[i])],
+                    "scrape": scrape,
+                    # flat copies for the HTML page: the last scraped gauges and their age
+                    "signals": {
+                        k: scrape[k]
+                        for k in ("running", "waiting", "kv_cache_usage")
+                        if scrape[k] is not None
+                    }
+                    | ({"stale": 1} if scrape["stale"] else {}),
+                    "signals_age_s": scrape["age_s"],
                     "load_rps": None if self.plan is None else float(self.plan.x_rps[:, i].sum()),
                     "unavailable": bool(flags[i] & FLAG_UNAVAILABLE),
                     "derating": d,
@@ -655,6 +1002,7 @@ class ControllerService:
                 }
             )
         out: dict[str, Any] = {
+            "mode": self.mode,
             "plan_id": None,
             "generation": self.generation,
             "period_s": self.period_s,
@@ -662,6 +1010,9 @@ class ControllerService:
             "last_error": self.last_error,
             "live_workers": self.forecaster.live_workers,
             "engines": engines,
+            "profiles": self.fitter.state(),
+            "profile_updates_total": self.profile_updates_total,
+            "reprofiles_total": self.reprofiles_total,
             "classes": [],
         }
         p = self.plan

@@ -6,6 +6,14 @@ exactly), the shed fraction is ``σ_g = shed_g / D_g``. A fully shed class, or a
 allocation, gets an all-zero row (unless a fallback row is given). Group weights are split over
 members ∝ effective capacity (exact aggregation, :mod:`controller.groups`).
 
+Anchor (:func:`table_anchor`): the LP's move penalty ``κ‖x − x⁰‖₁`` should price the traffic that
+changes destination relative to the table *in force*. At a new demand ``D'`` the published rows
+send ``(1 − σ_g) w_ge D'_g = x_ge · D'_g / D_g`` to each target, so that, not the previous rates
+``x``, is the anchor: a class whose demand merely scales keeps its weights for free, and only the
+increment (or decrement) that must land elsewhere pays κ. Anchoring at the old rates instead
+charges κ for keeping the weights and makes the LP put the whole increment on one marginal target,
+which is weight churn (reference §8.3; measured in bench/test_bench_lp.py).
+
 Churn (reference §8.3): ``TV_t = ½ Σ_g D_g Σ_e |w_ge,t − w_ge,t−1| / Σ_g D_g``, the fraction
 of traffic whose destination changed between two periods; HRW moves about twice that many
 session keys.
@@ -19,7 +27,7 @@ import numpy.typing as npt
 from controller.groups import EngineGroups
 from fastroute.errors import TableValueError
 
-__all__ = ["class_weights", "churn", "engine_weights", "validate_weights"]
+__all__ = ["class_weights", "churn", "engine_weights", "table_anchor", "validate_weights"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -137,3 +145,35 @@ def churn(
     if total <= 0:
         return 0.0
     return float(0.5 * demand @ np.abs(w1 - w0).sum(axis=1) / total)
+
+
+def table_anchor(
+    x_prev_rps: npt.ArrayLike, demand_prev_rps: npt.ArrayLike, demand_rps: npt.ArrayLike
+) -> FloatArray:
+    """The rates the published table sends at the new demand: ``x_ge · D'_g / D_g``.
+
+    Parameters
+    ----------
+    x_prev_rps : array_like, shape (n_classes, n_targets)
+        The previous solution (≥ 0), the one whose weights are published.
+    demand_prev_rps : array_like, shape (n_classes,)
+        The demands it was solved for.
+    demand_rps : array_like, shape (n_classes,)
+        The demands of the coming solve.
+
+    Returns
+    -------
+    ndarray, shape (n_classes, n_targets)
+        The anchor ``x⁰`` for :meth:`controller.solve.RoutingLP.solve`; rows of classes whose
+        previous demand was 0 are 0 (no table row to keep).
+    """
+    x = np.asarray(x_prev_rps, dtype=np.float64)
+    d0 = np.asarray(demand_prev_rps, dtype=np.float64)
+    d1 = np.asarray(demand_rps, dtype=np.float64)
+    if x.ndim != 2 or d0.shape != (x.shape[0],) or d1.shape != d0.shape:
+        raise ValueError(f"shapes disagree: x {x.shape}, demands {d0.shape} and {d1.shape}")
+    both = np.concatenate([d0, d1])
+    if not np.all(np.isfinite(both)) or np.any(both < 0):
+        raise ValueError("demands must be finite and >= 0")
+    scale = np.divide(d1, d0, out=np.zeros_like(d1), where=d0 > 0)
+    return x * scale[:, None]

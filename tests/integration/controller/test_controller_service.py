@@ -251,7 +251,8 @@ def test_overload_sheds_and_reports_are_validated(shm_name: str) -> None:
 def test_proxy_pulls_routes_per_plan_and_its_reports_drive_demand(
     shm_name: str, proxy_table: str
 ) -> None:
-    """A proxy with ``controller_url`` pulls the table, routes east, and its reports count."""
+    """A proxy with ``controller_url`` pulls the table, routes east, and its reports count; the
+    controller's own scrapes of the engines are fresh and shown per engine."""
 
     async def main() -> None:
         specs = fleet_specs(4, model_name=MODEL, profile="h100", output_lengths=SHORT_OUTPUTS)
@@ -291,6 +292,19 @@ def test_proxy_pulls_routes_per_plan_and_its_reports_drive_demand(
                 assert svc.forecaster.live_workers == 1
                 m = svc.metrics.reports.labels(outcome="accepted")._value.get()
                 assert m >= 1
+
+                # the controller scrapes the engines itself: fresh, healthy, gauges in the plan
+                def scraped() -> bool:
+                    st = [e["scrape"] for e in svc.plan_json()["engines"]]
+                    return all(not x["stale"] and x["healthy"] for x in st)
+
+                await wait_until(scraped, timeout=5.0)
+                e0 = svc.plan_json()["engines"][0]
+                assert e0["scrape"]["error"] is None and e0["scrape"]["running"] is not None
+                assert "kv_cache_usage" in e0["signals"] and e0["signals_age_s"] is not None
+                async with s.get(curl + "/metrics") as resp:
+                    text = await resp.text()
+                assert 'fastroute_controller_engine_stale{engine="engine-0"} 0.0' in text
             finally:
                 await prunner.cleanup()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.groups import group_engines, split_group
+from controller.groups import group_engines, regroup_rates, split_group
 from controller.latency import LatencyProfile
 
 
@@ -39,3 +39,22 @@ def test_engines_group_by_shape_distance_and_eligibility() -> None:
     x = groups.split(np.array([[14.0, 1.0, 0.0, 2.0], [7.0, 0.0, 0.0, 0.0]]))
     assert np.allclose(x[0], [8.0, 6.0, 1.0, 0.0, 0.0, 2.0])
     assert np.allclose(x[1], [4.0, 3.0, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_regroup_rates_keeps_class_totals_across_a_split() -> None:
+    """Rates over old groups, re-expressed over a partition where one engine left its group,
+    keep each class total and follow the capacity split."""
+    a, b = LatencyProfile.seed(0.05, 0.005), LatencyProfile.seed(0.1, 0.01)
+    cap = np.array([10.0, 30.0, 20.0])
+    elig = np.ones((2, 3), dtype=bool)
+    dist = np.zeros((2, 3))
+    old = group_engines([a, a, a], cap, elig, dist)
+    new = group_engines([a, b, a], cap, elig, dist)
+    assert (old.n_groups, new.n_groups) == (1, 2)
+    x = np.array([[6.0], [12.0]])
+    out = regroup_rates(x, old, new)
+    np.testing.assert_allclose(out.sum(axis=1), [6.0, 12.0])
+    g_b = int(new.group_of_engine[1])
+    np.testing.assert_allclose(out[:, g_b], [3.0, 6.0])  # engine 1 held half the capacity
+    with pytest.raises(ValueError, match="same engines"):
+        regroup_rates(x, old, group_engines([a, a], cap[:2], elig[:, :2], dist[:, :2]))

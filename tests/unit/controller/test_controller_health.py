@@ -258,3 +258,19 @@ def test_validation() -> None:
         HealthTracker([PROFILE] * 2, np.ones(3), config())
     with pytest.raises(ValueError):
         HealthTracker([PROFILE] * 2, np.ones(2), config(), group=[0])
+
+
+def test_restore_returns_a_reprofiled_engine_to_full_health_at_once() -> None:
+    """restore(): h back to 1 in one change with the given reason and fresh streaks; with its own
+    (3× slower) profile the same latency then scores healthy; no-op at full health."""
+    t = tracker(cfg=config(max_derated_fraction=1.0))
+    drive(t, [window({2: 3.0})] * 6)
+    assert t.health[2] == 0.5
+    change = t.restore(2, "re-profiled", 100.0)
+    assert change is not None and (change.old_health, change.new_health) == (0.5, 1.0)
+    assert t.health[2] == 1.0 and t.state(2)["reason"] == "re-profiled"
+    slow = LatencyProfile(PROFILE.breakpoints_rho, PROFILE.ttft_s * 3, PROFILE.tbot_s * 3)
+    t.profiles = tuple(slow if i == 2 else p for i, p in enumerate(t.profiles))
+    hs = drive(t, [window({2: 3.0})] * 6, t0=200.0)
+    assert all(h[2] == 1.0 for h in hs)
+    assert t.restore(2, "again", 400.0) is None

@@ -7,7 +7,13 @@ import pytest
 
 from controller.groups import group_engines
 from controller.latency import LatencyProfile
-from controller.weights import churn, class_weights, engine_weights, validate_weights
+from controller.weights import (
+    churn,
+    class_weights,
+    engine_weights,
+    table_anchor,
+    validate_weights,
+)
 from fastroute.errors import TableValueError
 
 
@@ -61,3 +67,19 @@ def test_churn_is_demand_weighted_total_variation(rand) -> None:
     c = np.array([[0.5, 0.5], [1.0, 0.0]])
     assert churn(a, c, [1.0, 3.0]) == pytest.approx(0.5 * 1.0 / 4.0)
     assert churn(a, b, [0.0, 0.0]) == 0.0
+
+
+def test_table_anchor_is_the_old_table_applied_to_the_new_demand() -> None:
+    """x · D'/D per class: unchanged demand reproduces x exactly (the κ fixed point); a class
+    without previous demand anchors at 0; bad demands are rejected."""
+    x = np.array([[3.0, 1.0], [0.0, 0.0], [2.0, 2.0]])
+    d0 = np.array([4.0, 0.0, 5.0])  # class 2 shed 1 of 5
+    assert np.array_equal(table_anchor(x, d0, d0), x)
+    out = table_anchor(x, d0, np.array([8.0, 3.0, 10.0]))
+    np.testing.assert_allclose(out, [[6.0, 2.0], [0.0, 0.0], [4.0, 4.0]])
+    w_old = x[0] / x[0].sum()
+    np.testing.assert_allclose(out[0] / out[0].sum(), w_old)
+    with pytest.raises(ValueError, match="finite"):
+        table_anchor(x, d0, np.array([1.0, -1.0, 1.0]))
+    with pytest.raises(ValueError, match="shapes"):
+        table_anchor(x, d0[:2], d0[:2])

@@ -1,0 +1,268 @@
+"""The controller's optimisers as callables for the simulator (``fastroute sim``).
+
+The simulator (``fastroute.sim``) never imports ``controller``; it loads this module by
+name and calls :func:`make_optimiser`. Each optimiser is a closure over the controller's
+own objects — :class:`~controller.solve.RoutingLP` on a
+:class:`~controller.lp.RoutingProblem` (with :class:`~controller.health.HealthTracker`
+derating when asked), or the :class:`~controller.pcontroller.ProportionalController`
+baseline — that turns a ``fastroute.sim.control.ControlInput`` into a
+``ControlOutput``. Nothing here re-implements the LP or the P-controller.
+
+Optimisers
+----------
+``lp``
+    The routing LP, fed forward: the observed (lagged) class demand, a seed latency
+    profile per engine from the model's idle latencies, capacities × health, network
+    RTTs, and the L1 anchor at what the published table sends at the new demand
+    (:func:`~controller.weights.table_anchor`, as the service does). Tunables: ``kappa_s`` (move
+    penalty, s per req/s moved; default the service's ``ControllerConfig.kappa_s``),
+    ``allow_shed`` (default True),
+    ``derate`` (default False: health derating from the window's latency residuals and
+    error rates), ``derating`` (a dict of :class:`fastroute.config.DeratingConfig`
+    fields), ``demand_alpha`` and ``peak_periods`` (the service's
+    :class:`~controller.demand.DemandForecaster`: EWMA weight, default 0.3, and recent-peak
+    window, default 3 periods), ``min_demand_rps`` (floor per class so an idle class
+    keeps a row; default 0.01).
+``p-controller``
+    The proportional baseline of reference/algorithms.md §8.1 on per-engine latency:
+    ``gain`` (K, default 0.5), ``ewma_alpha`` (a, default 0.3), ``min_weight``
+    (default 1e-3), ``signal`` (``"e2e"`` per-request latency, ``"ttft"`` or
+    ``"tbot"``; default ``"e2e"``). Its weights are shared by every class and masked by
+    eligibility. Signal lag is the simulator's ``lag_periods`` (the controller's own
+    delay line is kept at 0 so the lag is not applied twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import msgspec
+import numpy as np
+
+from controller.demand import DemandForecaster
+from controller.health import HealthTracker, HealthWindow
+from controller.latency import LatencyProfile
+from controller.lp import RoutingProblem
+from controller.pcontroller import ProportionalController
+from controller.solve import RoutingLP, SolveError
+from controller.weights import class_weights, table_anchor
+from fastroute.config import ControllerConfig, DeratingConfig
+from fastroute.signals.reports import REPORT_VERSION, ClassDemand, Report
+
+__all__ = ["OPTIMISERS", "SimTable", "make_optimiser", "lp_optimiser", "p_controller_optimiser"]
+
+
+class SimTable(NamedTuple):
+    """What an optimiser returns (``fastroute.sim.control.ControlOutput``'s fields; the
+    simulator reads them by name, so this module needs nothing from ``fastroute.sim``)."""
+
+    weights: np.ndarray
+    shed_fraction: np.ndarray
+    info: dict[str, Any]
+
+
+def _health_window(w: Any) -> HealthWindow:
+    return HealthWindow(
+        w.ttft_count.copy(),
+        w.ttft_sum_s.copy(),
+        w.tbot_count.copy(),
+        w.tbot_sum_s.copy(),
+        w.attempts.copy(),
+        w.errors.copy(),
+        w.load_rps.copy(),
+    )
+
+
+def _forecast(forecaster: DemandForecaster, inp: Any, floor_rps: float) -> np.ndarray:
+    """Feed the window's per-class arrivals to the service's forecaster, as one report per
+    source region, and return its forecast."""
+    start = inp.now_s - inp.period_s
+    counts = np.rint(np.asarray(inp.demand_rps) * inp.period_s).astype(int)
+    for region in dict.fromkeys(inp.class_sources):
+        classes = [
+            ClassDemand(class_key=g, requests=int(counts[g]))
+            for g, src in enumerate(inp.class_sources)
+            if src == region
+        ]
+        report = Report(
+            version=REPORT_VERSION,
+            source_cluster=region,
+            worker_id=f"sim-{region}",
+            window_start_s=start,
+            window_end_s=inp.now_s,
+            classes=classes,
+            engines=[],
+        )
+        forecaster.observe(report, inp.now_s)
+    forecaster.update(inp.now_s)
+    n = len(inp.class_labels)
+    return forecaster.forecast(np.full(n, floor_rps), np.full(n, floor_rps))
+
+
+def _profiles(inp: Any) -> list[LatencyProfile]:
+    return [
+        LatencyProfile.seed(
+            float(ttft), float(tbot), mean_output_tokens=float(inp.mean_output_tokens)
+        )
+        for ttft, tbot in zip(inp.idle_ttft_s, inp.idle_tbot_s, strict=True)
+    ]
+
+
+def lp_optimiser(
+    *,
+    kappa_s: float | None = None,
+    allow_shed: bool = True,
+    derate: bool = False,
+    derating: dict[str, Any] | None = None,
+    demand_alpha: float = 0.3,
+    peak_periods: int = 3,
+    min_demand_rps: float = 0.01,
+) -> Callable[[Any], Any]:
+    """The routing LP as a simulator optimiser (see the module docstring for the tunables)."""
+    if kappa_s is None:
+        kappa_s = ControllerConfig().kappa_s  # the service's default
+    if kappa_s < 0 or min_demand_rps < 0:
+        raise ValueError("kappa_s and min_demand_rps must be >= 0")
+    derating_cfg = msgspec.convert(derating or {}, DeratingConfig)
+    lp = RoutingLP(time_limit_s=10.0)
+    state: dict[str, Any] = {
+        "x": None,
+        "demand": None,
+        "forecaster": None,
+        "tracker": None,
+        "profiles": None,
+    }
+
+    def optimise(inp: Any) -> Any:
+        if state["profiles"] is None:
+            state["profiles"] = _profiles(inp)
+            state["forecaster"] = DemandForecaster(
+                range(len(inp.class_labels)),
+                inp.class_sources,
+                period_s=inp.period_s,
+                alpha=demand_alpha,
+                peak_periods=peak_periods,
+            )
+        profiles = state["profiles"]
+        demand = _forecast(state["forecaster"], inp, min_demand_rps)
+        health = np.ones(len(inp.engine_names))
+        info: dict[str, Any] = {}
+        if derate:
+            tracker = state["tracker"]
+            if tracker is None:
+                tracker = state["tracker"] = HealthTracker(
+                    profiles, inp.capacity_rps, derating_cfg, engine_names=inp.engine_names
+                )
+            changes = tracker.update(_health_window(inp.window), inp.now_s)
+            health = tracker.health.copy()
+            info["health"] = health.tolist()
+            if changes:
+                info["health_changes"] = [str(c) for c in changes]
+        problem = RoutingProblem.from_profiles(
+            demand,
+            profiles,
+            inp.capacity_rps,
+            inp.eligible,
+            inp.network_latency_s,
+            health=health,
+            kappa_s=kappa_s,
+            allow_shed=allow_shed,
+        )
+        # Anchor where the service anchors: at what the published table sends at the new
+        # demand (so a pure change of demand level moves nothing).
+        anchor = None
+        if state["x"] is not None:
+            anchor = table_anchor(state["x"], state["demand"], demand)
+        try:
+            res = lp.solve(problem, x_prev_rps=anchor)
+        except SolveError as exc:
+            # Keep the table in force, as the service does when a solve fails.
+            info["error"] = str(exc)
+            return SimTable(inp.weights, np.zeros(len(inp.class_labels)), info)
+        state["x"] = res.x_rps
+        state["demand"] = demand
+        fallback = inp.eligible * (inp.capacity_rps * health)[None, :]
+        weights, shed = class_weights(res.x_rps, res.shed_rps, demand, fallback=fallback)
+        info.update(
+            objective=float(res.objective),
+            iterations=int(res.iterations),
+            solve_time_s=float(res.solve_time_s),
+        )
+        return SimTable(weights, shed, info)
+
+    return optimise
+
+
+def p_controller_optimiser(
+    *,
+    gain: float = 0.5,
+    ewma_alpha: float = 0.3,
+    min_weight: float = 1e-3,
+    signal: str = "e2e",
+) -> Callable[[Any], Any]:
+    """The proportional baseline as a simulator optimiser (see the module docstring)."""
+    if signal not in ("e2e", "ttft", "tbot"):
+        raise ValueError(f"signal must be 'e2e', 'ttft' or 'tbot', got {signal!r}")
+    state: dict[str, Any] = {"pc": None, "last": None}
+
+    def optimise(inp: Any) -> Any:
+        names = list(inp.engine_names)
+        if state["pc"] is None:
+            share = np.asarray(inp.capacity_rps, dtype=np.float64)
+            state["pc"] = ProportionalController(
+                gain,
+                ewma_alpha,
+                0,
+                min_weight,
+                engines=names,
+                initial_weights=dict(zip(names, (share / share.sum()).tolist(), strict=True)),
+            )
+            idle = inp.idle_ttft_s + inp.mean_output_tokens * inp.idle_tbot_s
+            state["last"] = {
+                "e2e": idle,
+                "ttft": inp.idle_ttft_s.copy(),
+                "tbot": inp.idle_tbot_s.copy(),
+            }[signal]
+        w = inp.window
+        count, total = {
+            "e2e": (w.e2e_count, w.e2e_sum_s),
+            "ttft": (w.ttft_count, w.ttft_sum_s),
+            "tbot": (w.tbot_count, w.tbot_sum_s),
+        }[signal]
+        lat = np.where(count > 0, total / np.maximum(count, 1), state["last"])
+        lat = np.maximum(lat, 1e-6)
+        state["last"] = lat
+        pw = state["pc"].step(dict(zip(names, lat.tolist(), strict=True)), inp.now_s)
+        vec = np.array([pw[n] for n in names])
+        rows = inp.eligible * vec[None, :]
+        s = rows.sum(axis=1, keepdims=True)
+        weights = np.divide(rows, s, out=np.zeros_like(rows), where=s > 0)
+        return SimTable(weights, np.zeros(len(inp.class_labels)), {})
+
+    return optimise
+
+
+#: Optimiser factories by name.
+OPTIMISERS: dict[str, Callable[..., Callable[[Any], Any]]] = {
+    "lp": lp_optimiser,
+    "p-controller": p_controller_optimiser,
+}
+
+
+def make_optimiser(name: str, **params: Any) -> Callable[[Any], Any]:
+    """Build optimiser ``name`` with its tunables.
+
+    Raises
+    ------
+    ValueError
+        Unknown name or tunable.
+    """
+    try:
+        factory = OPTIMISERS[name]
+    except KeyError:
+        raise ValueError(f"unknown optimiser {name!r}; known: {', '.join(OPTIMISERS)}") from None
+    try:
+        return factory(**params)
+    except TypeError as exc:
+        raise ValueError(f"optimiser {name!r}: {exc}") from None

@@ -1,0 +1,119 @@
+"""The controller's own scrapes of real emulated engines: windows, both vLLM name sets, staleness.
+
+Two emulated engines on 127.0.0.1 (one exposing the current vLLM metric names, one the legacy
+ones), driven with the official ``openai`` client. The scraper's clock is a test clock, so ages and
+staleness need no waiting; the HTTP is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+
+from controller.scrape import EngineScraper
+from fastroute.config import EngineConfig
+from fastroute.emulator.server import EmulatedFleet, EngineSpec
+
+pytestmark = pytest.mark.integration
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _requests(url: str, n: int) -> None:
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
+        for _ in range(n):
+            await client.completions.create(model="demo-8b", prompt="hello there", max_tokens=4)
+
+
+def test_scrapes_make_windows_from_both_metric_generations_and_mark_stale() -> None:
+    """Requests between two scrapes appear as TTFT / inter-token observations and a completed
+    rate over the (test-clock) interval, with current and legacy names alike; a stopped engine's
+    scrapes fail, it turns stale after ``stale_after_s`` and contributes nothing."""
+
+    async def main() -> None:
+        specs = [
+            EngineSpec(name="engine-0", model_name="demo-8b", profile="h100", port=0),
+            EngineSpec(
+                name="engine-1",
+                model_name="demo-8b",
+                profile="h100",
+                port=0,
+                metrics_compat="legacy",
+            ),
+        ]
+        async with EmulatedFleet(specs) as fleet:
+            engines = [
+                EngineConfig(name=f"engine-{i}", url=u, models=("demo-8b",))
+                for i, u in enumerate(fleet.urls)
+            ]
+            clock = Clock()
+            scraper = EngineScraper(
+                engines, interval_s=1.0, timeout_s=5.0, stale_after_s=3.0, clock=clock
+            )
+            try:
+                await scraper.scrape_once()
+                assert not scraper.stale().any()
+                await asyncio.gather(_requests(fleet.urls[0], 3), _requests(fleet.urls[1], 5))
+                clock.now += 2.0
+                await scraper.scrape_once()
+                win = scraper.drain()
+                np.testing.assert_array_equal(win.ttft_count, [3, 5])
+                assert np.all(win.tbot_count > 0) and np.all(win.ttft_sum_s > 0)
+                np.testing.assert_allclose(win.load_rps, [1.5, 2.5])
+                assert np.all(win.running == 0) and np.all(np.isfinite(win.kv_cache_usage))
+                st = scraper.state(1)
+                assert st["healthy"] is True and st["error"] is None and st["age_s"] == 0.0
+                # the window was drained: nothing new
+                await scraper.scrape_once()
+                assert not scraper.drain().ttft_count.any()
+
+                await fleet[1].stop()
+                clock.now += 1.0
+                await scraper.scrape_once()
+                st = scraper.state(1)
+                assert st["error"] is not None and st["errors_total"] == 1
+                assert not st["stale"] and not scraper.stale()[1]  # age 1 s < 3 s
+                clock.now += 3.0
+                await _requests(fleet.urls[0], 1)
+                await scraper.scrape_once()
+                win = scraper.drain()
+                np.testing.assert_array_equal(win.stale, [False, True])
+                assert win.ttft_count[1] == 0 and np.isnan(win.load_rps[1])
+                assert win.ttft_count[0] == 1
+                assert scraper.state(1)["stale"] and scraper.state(1)["age_s"] == 4.0
+            finally:
+                await scraper.close()
+
+    run(main())
+
+
+def test_unreachable_engine_is_bounded_by_the_timeout() -> None:
+    """A port that accepts nothing fails fast; a round never takes longer than the timeout."""
+
+    async def main() -> None:
+        engines = [EngineConfig(name="gone", url="http://127.0.0.1:9", models=("demo-8b",))]
+        scraper = EngineScraper(engines, interval_s=1.0, timeout_s=0.5)
+        try:
+            await asyncio.wait_for(scraper.scrape_once(), 5.0)
+        finally:
+            await scraper.close()
+        st = scraper.state(0)
+        assert st["stale"] and st["age_s"] is None and st["errors_total"] == 1
+        assert st["error"] and st["healthy"] is None
+
+    run(main())

@@ -1,0 +1,169 @@
+"""A slowed engine end to end: emulated engines, a real proxy, its in-band reports, the controller.
+
+Everything is real HTTP on 127.0.0.1 in one process: four emulated h100 engines in one region
+(peers for the robust score), the proxy app pulling the controller's table and reporting every
+0.2 s, and the controller app with its loop driven by the test (one :meth:`step` per window, after
+the window's streamed requests have been reported), so the windows do not depend on timing.
+Engine 0 is slowed 3× with the emulator's fault injection, then restored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from controller.app import SERVICE, make_app
+from controller.service import ControllerService
+from fastroute.config import decode_config
+from fastroute.emulator.model import OutputLengthDistribution
+from fastroute.emulator.server import EmulatedFleet, fleet_specs
+from fastroute.proxy.app import CONTEXT
+from fastroute.proxy.app import make_app as make_proxy_app
+from fastroute.tables.segment import shm_dir
+from fastroute.testing.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "demo-8b"
+PER_WINDOW = 80  # streamed requests per window (fixed prompts: a deterministic HRW split)
+CONCURRENCY = 8
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 100.0) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def config_toml(urls: list[str], table_name: str, proxy: str = "") -> str:
+    engines = "".join(
+        f'[[engines]]\nname = "engine-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
+        f'region = "east"\nhardware = "h100"\ncapacity_rps = 500.0\n\n'
+        for i, url in enumerate(urls)
+    )
+    return (
+        engines
+        + '[[network.regions]]\nname = "east"\n\n'
+        + "[controller]\nport = 0\nperiod_s = 0.5\nsolve_time_limit_s = 0.4\n\n"
+        + "[controller.derating]\nmin_change_interval_s = 0.001\n\n"
+        + f'[proxy]\nport = 0\ncluster = "east"\ntable_name = "{table_name}"\n{proxy}\n'
+        + "[timeouts]\nconnect_timeout_s = 1.0\nfirst_byte_timeout_s = 5.0\n\n"
+        # pure weighted HRW: the data plane follows the table (no in-flight guard steering
+        # around the slow engine), so the controller's derating is what moves its traffic
+        + "[policy]\nbounded_load = false\n"
+    )
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def served(app: web.Application) -> AsyncIterator[str]:
+    runner, url = await _serve(app)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def proxy_table(shm_name: str) -> Any:
+    name = shm_name + "-proxy"
+    yield name
+    for suffix in ("", ".lock", ".tmp"):
+        (shm_dir() / (name + suffix)).unlink(missing_ok=True)
+
+
+async def _burst(s: aiohttp.ClientSession, purl: str, n: int) -> None:
+    """``n`` streamed chat completions through the proxy, ``CONCURRENCY`` at a time."""
+    sem = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(i: int) -> None:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"q{i}"}],
+            "max_tokens": 4,
+            "stream": True,
+        }
+        async with sem, s.post(purl + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flapping(
+    shm_name: str, proxy_table: str
+) -> None:
+    """Engine 0 slowed 3×: its level drops to .75 exactly at the 3rd slow window and its table
+    weight falls to .75 of its peers'; restored, it stays .75 for at least 5 windows and returns
+    to 1 (at the 6th healthy window, or a little later if a noisy window restarts the streak),
+    then stays at 1 (no flapping); its peers are never touched."""
+
+    async def main() -> list[list[float]]:
+        specs = fleet_specs(
+            4,
+            model_name=MODEL,
+            profile="h100",
+            output_lengths=OutputLengthDistribution(mu=1.4, sigma=0.2),
+        )
+        async with EmulatedFleet(specs) as fleet, aiohttp.ClientSession() as s:
+            cconfig = decode_config(config_toml(fleet.urls, shm_name), "c.toml")
+            capp = make_app(
+                cconfig, run_loop=False, service_options={"health_min_latency_samples": 5}
+            )
+            async with served(capp) as curl:
+                svc: ControllerService = capp[SERVICE]
+                extra = f'controller_url = "{curl}"\nreport_interval_s = 0.2\n'
+                pconfig = decode_config(config_toml(fleet.urls, proxy_table, extra), "p.toml")
+                papp = make_proxy_app(pconfig)
+                async with served(papp) as purl:
+                    ctx = papp[CONTEXT]
+                    await wait_until(lambda: ctx.fleet.state.generation > 0, timeout=10.0)
+                    accepted = svc.metrics.reports.labels(outcome="accepted")
+
+                    async def window() -> list[float]:
+                        """One window: a burst, its reports in, one controller period."""
+                        await _burst(s, purl, PER_WINDOW)
+                        target = accepted._value.get() + 2  # a full report after the burst
+                        await wait_until(lambda: accepted._value.get() >= target, timeout=10.0)
+                        await svc.step()
+                        return [float(h) for h in svc.health.health]
+
+                    await window()  # the proxy has seen the table and reports: a baseline
+                    levels = []
+                    await fleet[0].set_faults(slowdown=3.0)
+                    for _ in range(3):
+                        levels.append(await window())
+                    assert svc.plan is not None
+                    w = svc.plan.weights[svc.model.classes.index(_east_default(svc))]
+                    assert w[0] < w[1] and w[0] / w[1] == pytest.approx(0.75)
+                    await fleet[0].clear_faults()
+                    for _ in range(11):
+                        levels.append(await window())
+                    return levels
+
+    levels = run(main())
+    e0 = [h[0] for h in levels]
+    assert e0[:3] == [1.0, 1.0, 0.75], e0  # 3 anomalous windows to enter, not fewer
+    recovered = e0[3:]
+    assert 1.0 in recovered, e0
+    back = recovered.index(1.0)
+    # ≥ 6 healthy windows to exit; a noisy window on a loaded machine may restart the streak
+    assert 5 <= back <= 8, e0
+    assert recovered[:back] == [0.75] * back and recovered[back:] == [1.0] * (11 - back), e0
+    assert all(h[1:] == [1.0, 1.0, 1.0] for h in levels), levels
+
+
+def _east_default(svc: ControllerService) -> Any:
+    return next(c for c in svc.model.classes if c.name == f"east/{MODEL}/default")
