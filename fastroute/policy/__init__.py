@@ -15,7 +15,10 @@ Registered policies (:data:`POLICIES`, built with :func:`make_policy`):
 ``consistent-hash``
     unweighted rendezvous hashing on the routing key;
 ``cache-aware``
-    SGLang-style approximate prefix tree per engine with balance thresholds.
+    SGLang-style approximate prefix tree per engine with balance thresholds;
+``marginal-cost``
+    calibrated marginal completion time over the top-k rendezvous candidates (P/D pair
+    selection, SLO early rejection); see ``docs/predict.md``.
 
 Each module's docstring states its algorithm, invariants, tunables and units;
 ``docs/policies.md`` compares them.
@@ -33,6 +36,7 @@ from fastroute.policy.base import (
 from fastroute.policy.cache_aware import CacheAware
 from fastroute.policy.consistent_hash import ConsistentHash
 from fastroute.policy.least_request import LeastRequest
+from fastroute.policy.marginal import MarginalCost
 from fastroute.policy.power_of_two import PowerOfTwo
 from fastroute.policy.registry import DEFAULT_POLICY, POLICIES, make_policy, policy_params
 from fastroute.policy.round_robin import RoundRobin
@@ -47,6 +51,7 @@ __all__ = [
     "Decision",
     "FleetView",
     "LeastRequest",
+    "MarginalCost",
     "Policy",
     "PolicyConfigError",
     "PowerOfTwo",

@@ -16,6 +16,7 @@ from fastroute.policy.base import Policy, PolicyConfigError
 from fastroute.policy.cache_aware import CacheAware
 from fastroute.policy.consistent_hash import ConsistentHash
 from fastroute.policy.least_request import LeastRequest
+from fastroute.policy.marginal import MarginalCost
 from fastroute.policy.power_of_two import PowerOfTwo
 from fastroute.policy.round_robin import RoundRobin
 from fastroute.policy.weighted_hrw import WeightedHRW
@@ -25,7 +26,15 @@ __all__ = ["POLICIES", "DEFAULT_POLICY", "make_policy", "policy_params"]
 #: Every policy by its registered name.
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (WeightedHRW, RoundRobin, LeastRequest, PowerOfTwo, ConsistentHash, CacheAware)
+    for cls in (
+        WeightedHRW,
+        RoundRobin,
+        LeastRequest,
+        PowerOfTwo,
+        ConsistentHash,
+        CacheAware,
+        MarginalCost,
+    )
 }
 
 #: The policy of a class that names none.
