@@ -27,6 +27,13 @@ target's value minus the direct one of the same run. The stub's own CPU is shown
 reference. The machine has 2 cores shared by client, stub and router, so the figures
 of one run are comparable with each other, not across machines.
 
+Side by side with another version of fastroute: ``--ref-tree DIR`` names a source tree
+(e.g. ``git archive HEAD fastroute | tar -x -C DIR`` plus the built ``_core`` extension
+modules copied in); the target ``fastroute-ref`` runs ``fastroute serve`` from it
+(``PYTHONPATH=DIR``, working directory ``DIR``). ``--rounds N`` runs the targets N
+times, the order reversed every other round (alternated pairs), and prints the
+per-target medians after the last round's table.
+
 Run: ``.venv/bin/python bench/bench_proxy.py`` (full, about 2 min) or ``--quick``
 (smoke, < 20 s). ``--json PATH`` also writes the numbers; ``--targets`` picks some;
 ``--profile-dir DIR`` records fastroute with py-spy (raw collapsed stacks) during
@@ -62,7 +69,9 @@ import uvloop
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODEL = "stub-model"
-TARGETS = ("direct", "fastroute", "nginx", "sglang-router")
+TARGETS = ("direct", "fastroute", "fastroute-ref", "nginx", "sglang-router")
+#: ``--ref-tree``: the source tree ``fastroute-ref`` runs (None: that target is skipped).
+REF_TREE: Path | None = None
 READY_TIMEOUT_S = 30.0
 #: Every process this script started, so that an interrupt stops them all.
 _STARTED: list[Server] = []
@@ -94,13 +103,20 @@ def session_cpu_s(sid: int) -> float:
 class Server:
     """A server process in its own session; stopped with its whole process group."""
 
-    def __init__(self, name: str, cmd: list[str], *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
+    ) -> None:
         self.name = name
         self.cmd = cmd
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=self.log,
             stdin=subprocess.DEVNULL,
@@ -238,6 +254,8 @@ def available(target: str) -> str | None:
         return "nginx is not on PATH"
     if target == "sglang-router" and importlib.util.find_spec("sglang_router") is None:
         return "sglang_router is not importable (pip install sglang-router)"
+    if target == "fastroute-ref" and (REF_TREE is None or not (REF_TREE / "fastroute").is_dir()):
+        return "no --ref-tree DIR with a fastroute/ package"
     return None
 
 
@@ -399,10 +417,15 @@ async def bench_target(
     if target == "direct":
         return await measure(target, stub_url, None, stub, args)
     port = free_port()
-    build = {"fastroute": fastroute_cmd, "nginx": nginx_cmd, "sglang-router": sglang_cmd}[target]
-    workdir = tmp / target
-    workdir.mkdir()
-    server = Server(target, build(workdir, stub_url, port))
+    build = {"fastroute": fastroute_cmd, "fastroute-ref": fastroute_cmd, "nginx": nginx_cmd,
+             "sglang-router": sglang_cmd}[target]  # fmt: skip
+    workdir = Path(tempfile.mkdtemp(prefix=f"{target}-", dir=tmp))
+    if target == "fastroute-ref":
+        assert REF_TREE is not None
+        env = {**os.environ, "PYTHONPATH": str(REF_TREE)}
+        server = Server(target, build(workdir, stub_url, port), env=env, cwd=REF_TREE)
+    else:
+        server = Server(target, build(workdir, stub_url, port))
     try:
         url = f"http://127.0.0.1:{port}"
         await wait_ready(server, url)
@@ -451,7 +474,12 @@ def goals(results: list[dict[str, object]]) -> list[str]:
     """Issue 4's goals, checked against this run (when the targets ran)."""
     by = {str(r["target"]): r for r in results if "skipped" not in r}
     fr, sg, direct = by.get("fastroute"), by.get("sglang-router"), by.get("direct")
-    lines = []
+    lines: list[str] = []
+    if fr is not None and by.get("fastroute-ref") is not None:
+        ref = by["fastroute-ref"]
+        for key in ("router_cpu_us_per_request", "router_cpu_us_per_token"):
+            ratio = float(fr[key]) / float(ref[key])  # type: ignore[arg-type]
+            lines.append(f"- {key}: fastroute / fastroute-ref = {ratio:.2f}")
     if fr and sg:
         for key, limit in (("router_cpu_us_per_request", 1.5), ("router_cpu_us_per_token", 1.0)):
             ratio = float(fr[key]) / float(sg[key])  # type: ignore[arg-type]
@@ -465,12 +493,43 @@ def goals(results: list[dict[str, object]]) -> list[str]:
     return lines
 
 
-async def main_async(args: argparse.Namespace) -> list[dict[str, object]]:
+MEDIAN_KEYS = ("request_per_s", "router_cpu_us_per_request", "router_cpu_us_per_token", "p50_ms",
+               "p99_ms")  # fmt: skip
+
+
+def medians(rounds: list[list[dict[str, object]]]) -> list[dict[str, object]]:
+    """Per target, the median of each figure over the rounds it ran in."""
+    out: list[dict[str, object]] = []
+    for target in dict.fromkeys(str(r["target"]) for rs in rounds for r in rs):
+        runs = [r for rs in rounds for r in rs if r["target"] == target and "skipped" not in r]
+        if not runs:
+            continue
+        row: dict[str, object] = {"target": target, "rounds": len(runs)}
+        for key in MEDIAN_KEYS + ("stub_cpu_us_per_request", "stream_tokens_per_s"):
+            values = sorted(float(r[key]) for r in runs if r.get(key) is not None)  # type: ignore[arg-type]
+            if values:
+                mid = len(values) // 2
+                row[key] = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        out.append(row)
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> list[list[dict[str, object]]]:
+    rounds: list[list[dict[str, object]]] = []
+    for i in range(args.rounds):
+        order = list(args.targets) if i % 2 == 0 else [args.targets[0], *args.targets[:0:-1]]
+        if args.rounds > 1:
+            print(f"round {i + 1}/{args.rounds}: {' '.join(order)}", file=sys.stderr, flush=True)
+        rounds.append(await run_round(args, order))
+    return rounds
+
+
+async def run_round(args: argparse.Namespace, targets: list[str]) -> list[dict[str, object]]:
     results: list[dict[str, object]] = []
     stub, stub_url = start_stub(args.tokens, args.stream_writes)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
-            for target in args.targets:
+            for target in targets:
                 why = available(target)
                 if why is not None:
                     print(f"[{target}] skipped: {why}", file=sys.stderr)
@@ -506,7 +565,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="default 1000")
     parser.add_argument("--phase-timeout", type=float, default=None, help="seconds (default 25)")
     parser.add_argument("--profile-dir", metavar="DIR", help="py-spy fastroute into DIR")
+    parser.add_argument("--ref-tree", metavar="DIR", help="source tree of target fastroute-ref")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat, alternating the order")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    global REF_TREE
+    REF_TREE = Path(args.ref_tree).resolve() if args.ref_tree else None
     quick = args.quick
     defaults = {"requests": (20000, 1000), "streams": (2000, 100), "latency_requests": (500, 100),
                 "warmup": (1000, 100), "phase_timeout": (25.0, 3.0)}  # fmt: skip
@@ -523,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_term)  # also when started with SIGINT ignored (`&`)
     started = time.monotonic()
     try:
-        results = uvloop.run(main_async(args))
+        rounds = uvloop.run(main_async(args))
     except KeyboardInterrupt:
         print("interrupted; stopping every server", file=sys.stderr)
         return 130
@@ -535,13 +600,26 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.tokens} tokens/stream in {args.stream_writes} writes; "
         f"{time.monotonic() - started:.0f} s\n"
     )
+    results = rounds[-1]
     print(table(results).replace("{c}", str(args.concurrency)))
     for line in goals(results):
         print(line)
+    mids = medians(rounds)
+    if len(rounds) > 1:
+        print(f"\nMedians over {len(rounds)} rounds (order reversed every other round):\n")
+        print("| target | rounds | req/s | router CPU µs/request | router CPU µs/streamed token "
+              "| p50 / p99 ms (c=1) |\n|---|---|---|---|---|---|")  # fmt: skip
+        for m in mids:
+            print(f"| {m['target']} | {m['rounds']} | {_fmt(m.get('request_per_s'), 0)} "
+                  f"| {_fmt(m.get('router_cpu_us_per_request'))} "
+                  f"| {_fmt(m.get('router_cpu_us_per_token'), 2)} "
+                  f"| {_fmt(m.get('p50_ms'), 3)} / {_fmt(m.get('p99_ms'), 3)} |")  # fmt: skip
+        for line in goals(mids):
+            print(line)
     if args.json:
         meta = {k: v for k, v in vars(args).items() if k != "json"}
         doc = {"args": meta, "cpus": os.cpu_count(), "python": platform.python_version(),
-               "results": results}  # fmt: skip
+               "results": results, "rounds": rounds, "medians": mids}  # fmt: skip
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 

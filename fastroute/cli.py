@@ -42,7 +42,8 @@ def _build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name != module_name:
+            # The module, or a parent package of it, is absent: not built yet.
+            if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
                 raise
             continue  # subcommand not built yet
         command = sub.add_parser(name, help=help_text, description=help_text)

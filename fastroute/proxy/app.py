@@ -1,4 +1,11 @@
-"""The proxy's aiohttp application: routes, middleware, lifecycle.
+"""The proxy's application: routes, lifecycle, reload; served by two front ends.
+
+``fastroute serve`` serves it with the lean HTTP/1.1 server of
+:mod:`fastroute.proxy.server` (through :func:`dispatch`); in-process users (tests, the
+controller's tests) may serve the aiohttp application :func:`make_app` returns with
+``web.AppRunner`` + ``web.TCPSite``. Both run the same route functions and the same
+request path; the aiohttp application also holds the lifecycle (``cleanup_ctx``:
+upstream pool, weight-table watcher, signal tasks) for both.
 
 Routes
 ------
@@ -41,10 +48,11 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 from aiohttp import web
 from prometheus_client import Counter
 
@@ -54,19 +62,33 @@ from fastroute.proxy.admission import AdmissionQueue, QueueDelayGuard
 from fastroute.proxy.decisions import DecisionLog
 from fastroute.proxy.fleet import Fleet, FleetState, TableWatcher
 from fastroute.proxy.handler import (
+    Incoming,
     InferenceHandler,
     ProxyContext,
     assign_request_id,
     build_policies,
+    request_id_of,
 )
 from fastroute.proxy.metrics import ProxyMetrics
-from fastroute.proxy.openai_errors import error_response
+from fastroute.proxy.openai_errors import error_reply, error_response
+from fastroute.proxy.pd import PDPools
+from fastroute.proxy.reply import Headers, Reply, Sink, raw_head_pairs
 from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.proxy.signal_tasks import install_signal_tasks
 from fastroute.proxy.upstream import UpstreamPool
 from fastroute.tables.stats import StatsBlock
 
-__all__ = ["make_app", "reload_config", "current_context", "CONTEXT", "TABLE_POLL_INTERVAL_S"]
+__all__ = [
+    "make_app",
+    "reload_config",
+    "current_context",
+    "dispatch",
+    "begin_drain",
+    "worker_pid",
+    "CONTEXT",
+    "TABLE_POLL_INTERVAL_S",
+    "INFERENCE_PATHS",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +100,16 @@ CONTEXT = web.AppKey("fastroute_context", ProxyContext)
 TABLE_POLL_INTERVAL_S = 0.5
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: The request path's endpoints (``POST`` only) and their handler kind.
+INFERENCE_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
+#: The ``GET`` endpoints (besides ``/admin/decisions/{request_id}``).
+_GET_PATHS = ("/v1/models", "/health", "/ready", "/metrics")
+_DECISIONS_PREFIX = "/admin/decisions/"
 
 
 @web.middleware
@@ -189,6 +221,8 @@ def _build_context(
         decisions=decisions,
         metrics=metrics,
     )
+    if PDPools.needed(config):
+        ctx.pd = PDPools(config, build_policies(config), build_policies(config), stats_block)
     aggregator = getattr(previous, "aggregator", None)
     if aggregator is not None:
         ctx.aggregator = aggregator  # the signal path's counters outlive reloads
@@ -269,29 +303,139 @@ def make_app(
     app.on_shutdown.append(_on_shutdown)
     app.on_response_prepare.append(_add_worker_header)
 
-    def dispatch(kind: str) -> _Handler:
+    def inference(kind: str) -> _Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
-            gen = live.current
-            gen.active += 1
-            try:
-                handler: _Handler = getattr(gen.handler, kind)
-                return await handler(request)
-            finally:
-                gen.active -= 1
-                if gen.active == 0:
-                    gen.idle.set()
+            limit = live.current.ctx.config.limits.max_body_bytes
+            body = await _read_body(request, limit)
+            sink = _AiohttpSink(request)
+            reply = await _infer(live, request, kind, body, sink, request_id_of(request))
+            if reply.streamed:
+                assert sink.response is not None
+                return sink.response
+            return _to_response(reply)
 
         return handle
 
-    app.router.add_post("/v1/chat/completions", dispatch("chat"))
-    app.router.add_post("/v1/completions", dispatch("completions"))
-    app.router.add_post("/v1/embeddings", dispatch("embeddings"))
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/ready", _ready)
-    app.router.add_get("/metrics", _metrics)
-    app.router.add_get("/admin/decisions/{request_id}", _decision)
+    for path, kind in INFERENCE_PATHS.items():
+        app.router.add_post(path, inference(kind))
+    for path in _GET_PATHS:
+        app.router.add_get(path, _aiohttp_get)
+    app.router.add_get(_DECISIONS_PREFIX + "{request_id}", _aiohttp_get)
     return app
+
+
+async def _infer(
+    live: _Live, request: Incoming, kind: str, body: bytes | None, sink: Sink, rid: str
+) -> Reply:
+    """Run the request path of the generation in force, counted in its ``active``."""
+    gen = live.current
+    gen.active += 1
+    try:
+        return await gen.handler.handle(request, kind, body, sink, rid)
+    finally:
+        gen.active -= 1
+        if gen.active == 0:
+            gen.idle.set()
+
+
+def dispatch(
+    app: web.Application,
+    method: str,
+    path: str,
+    request: Incoming,
+    remote: str | None,
+    body: bytes | None,
+    sink: Sink,
+    rid: str,
+) -> Awaitable[Reply]:
+    """Serve one request of the lean front end (:mod:`fastroute.proxy.server`).
+
+    Not a coroutine itself but returns one: one coroutine layer less per request.
+
+    Parameters
+    ----------
+    app : aiohttp.web.Application
+        From :func:`make_app`, started (its ``cleanup_ctx`` ran).
+    method, path : str
+        Request method and path (without the query string).
+    request : Incoming
+        ``path`` and case-insensitive ``headers``.
+    remote : str or None
+        The client's address (admin routes are open to loopback).
+    body : bytes or None
+        The request body; None when it was over ``limits.max_body_bytes``.
+    sink : Sink
+        For streamed responses.
+    rid : str
+        The request id.
+
+    Returns
+    -------
+    awaitable of Reply
+        Every route's answer, OpenAI-shaped 404/405 included.
+    """
+    kind = INFERENCE_PATHS.get(path)
+    if kind is not None:
+        if method != "POST":
+            return _done(_not_allowed(method, path, ("POST",)))
+        return _infer(app[_LIVE], request, kind, body, sink, rid)
+    if path in _GET_PATHS or path.startswith(_DECISIONS_PREFIX):
+        if method not in ("GET", "HEAD"):
+            return _done(_not_allowed(method, path, ("GET", "HEAD")))
+        return _done(_get_reply(app, path, request.headers, remote))
+    return _done(error_reply(404, f"Unknown request URL: {method} {path}.", code="unknown_url"))
+
+
+async def _done(reply: Reply) -> Reply:
+    return reply
+
+
+def _not_allowed(method: str, path: str, allowed: tuple[str, ...]) -> Reply:
+    return error_reply(
+        405,
+        f"Method {method} is not allowed on {path}; allowed: {', '.join(allowed)}.",
+        code="method_not_allowed",
+    )
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes | None:
+    """The whole body, or None when it is over ``limit`` bytes."""
+    length = request.content_length
+    if length is not None and length > limit:
+        return None
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return None
+
+
+def _to_response(reply: Reply) -> web.Response:
+    headers = raw_head_pairs(reply.raw_head) + reply.headers if reply.raw_head else reply.headers
+    return web.Response(status=reply.status, body=reply.body, headers=headers)
+
+
+class _AiohttpSink:
+    """A :class:`~fastroute.proxy.reply.Sink` over aiohttp's ``StreamResponse``."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    async def start(self, status: int, headers: Headers, raw_head: bytes = b"") -> None:
+        if raw_head:
+            headers = raw_head_pairs(raw_head) + headers
+        out = web.StreamResponse(status=status, headers=headers)
+        out.headers["x-request-id"] = request_id_of(self.request)
+        self.response = out
+        await out.prepare(self.request)
+
+    async def write(self, data: bytes) -> None:
+        assert self.response is not None
+        await self.response.write(data)
+
+    async def end(self) -> None:
+        assert self.response is not None
+        await self.response.write_eof()
 
 
 def current_context(app: web.Application) -> ProxyContext:
@@ -400,6 +544,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _on_shutdown(app: web.Application) -> None:
+    begin_drain(app)
+
+
+def begin_drain(app: web.Application) -> None:
+    """Mark the app draining: ``/health`` and ``/ready`` answer 503 from now on."""
     app[CONTEXT].draining = True
     app[_LIVE].current.ctx.draining = True
 
@@ -420,58 +569,67 @@ async def _add_worker_header(request: web.Request, response: web.StreamResponse)
     response.headers["x-fastroute-worker"] = _worker_pid
 
 
-async def _models(request: web.Request) -> web.Response:
-    config = current_context(request.app).config
-    created = int(time.time())
-    data = [
-        {"id": m, "object": "model", "created": created, "owned_by": "fastroute"}
-        for m in config.models()
-    ]
-    return web.json_response({"object": "list", "data": data})
+def worker_pid() -> str:
+    """This process's pid as the ``x-fastroute-worker`` header value."""
+    return _worker_pid
 
 
-async def _health(request: web.Request) -> web.Response:
-    pid = os.getpid()
-    if current_context(request.app).draining:
-        return web.json_response({"status": "draining", "pid": pid}, status=503)
-    return web.json_response({"status": "ok", "pid": pid})
+async def _aiohttp_get(request: web.Request) -> web.Response:
+    return _to_response(_get_reply(request.app, request.path, request.headers, request.remote))
 
 
-async def _ready(request: web.Request) -> web.Response:
-    ctx = current_context(request.app)
-    state = ctx.fleet.state
-    body = {"ready": ctx.ready, "weights": state.source, "generation": state.generation}
-    return web.json_response(body, status=200 if ctx.ready and not ctx.draining else 503)
+def _json_reply(data: object, status: int = 200) -> Reply:
+    return Reply(status, [("Content-Type", "application/json")], msgspec.json.encode(data))
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    ctx = current_context(request.app)
-    ctx.metrics.table_generation.set(ctx.fleet.state.generation)
-    return web.Response(
-        body=ctx.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
-    )
+def _get_reply(
+    app: web.Application, path: str, headers: Mapping[str, str], remote: str | None
+) -> Reply:
+    """The ``GET`` routes: models, health, ready, metrics, decision records."""
+    ctx = current_context(app)
+    if path == "/v1/models":
+        created = int(time.time())
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": "fastroute"}
+            for m in ctx.config.models()
+        ]
+        return _json_reply({"object": "list", "data": data})
+    if path == "/health":
+        pid = os.getpid()
+        if ctx.draining:
+            return _json_reply({"status": "draining", "pid": pid}, 503)
+        return _json_reply({"status": "ok", "pid": pid})
+    if path == "/ready":
+        state = ctx.fleet.state
+        body = {"ready": ctx.ready, "weights": state.source, "generation": state.generation}
+        return _json_reply(body, 200 if ctx.ready and not ctx.draining else 503)
+    if path == "/metrics":
+        ctx.metrics.table_generation.set(ctx.fleet.state.generation)
+        return Reply(200, [("Content-Type", "text/plain; version=0.0.4")], ctx.metrics.render())
+    return _decision_reply(ctx, path[len(_DECISIONS_PREFIX) :], headers, remote)
 
 
-def _admin_allowed(request: web.Request) -> bool:
-    token = current_context(request.app).config.proxy.admin_token
+def _admin_allowed(ctx: ProxyContext, headers: Mapping[str, str], remote: str | None) -> bool:
+    token = ctx.config.proxy.admin_token
     if token is not None:
-        given = request.headers.get("Authorization", "")
+        given = headers.get("Authorization", "")
         if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             return True
-    return _is_loopback(request.remote)
+    return _is_loopback(remote)
 
 
-async def _decision(request: web.Request) -> web.Response:
-    if not _admin_allowed(request):
-        return error_response(
+def _decision_reply(
+    ctx: ProxyContext, rid: str, headers: Mapping[str, str], remote: str | None
+) -> Reply:
+    if not _admin_allowed(ctx, headers, remote):
+        return error_reply(
             403, "Admin endpoints need loopback or the admin token.", code="forbidden"
         )
-    rid = request.match_info["request_id"]
-    record = current_context(request.app).decisions.get(rid)
+    record = ctx.decisions.get(rid) if rid and "/" not in rid else None
     if record is None:
-        return error_response(
+        return error_reply(
             404,
             f"No decision record for request id {rid!r} (unknown or evicted).",
             code="decision_not_found",
         )
-    return web.Response(body=record.to_json(), content_type="application/json")
+    return Reply(200, [("Content-Type", "application/json")], record.to_json())

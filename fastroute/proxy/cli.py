@@ -4,7 +4,8 @@
 (:mod:`fastroute.proxy.supervisor`) that creates the host's shared stats block and runs
 N worker processes (default ``proxy.workers``) on one address with ``SO_REUSEPORT``.
 Each worker reads the config, attaches the stats block, builds the app
-(:func:`fastroute.proxy.app.make_app`) and serves it on uvloop.
+(:func:`fastroute.proxy.app.make_app`) and serves it on uvloop with the lean HTTP/1.1
+server of :mod:`fastroute.proxy.server`.
 
 Signals (to the supervisor, which forwards them): SIGTERM/SIGINT drain — listeners
 close at once, ``/health`` turns 503, in-flight requests (streams included) get
@@ -102,6 +103,7 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
     from fastroute.errors import TableError
     from fastroute.policy import PolicyConfigError
     from fastroute.proxy.app import make_app, reload_config
+    from fastroute.proxy.server import LeanServer
     from fastroute.proxy.supervisor import set_parent_death_signal, worker_parent_alive
     from fastroute.tables.stats import StatsBlock
 
@@ -143,9 +145,9 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
                 reloads.add(task)
                 task.add_done_callback(reloads.discard)
 
+            server = LeanServer(app)
             try:
-                site = web.TCPSite(runner, host, port, reuse_port=True)
-                await site.start()
+                await server.start(host, port, reuse_port=True)
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, stop.set)
                 loop.add_signal_handler(signal.SIGHUP, on_hup)
@@ -155,7 +157,8 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
                 await stop.wait()
                 logger.info("worker %d: draining", args.worker)
             finally:
-                await runner.cleanup()  # stops listening, waits for in-flight requests
+                await server.drain(config.proxy.drain_timeout_s)  # stop listening, finish
+                await runner.cleanup()  # the app's shutdown and cleanup hooks
                 for task in list(reloads):
                     task.cancel()
 

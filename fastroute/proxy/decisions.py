@@ -39,6 +39,8 @@ class Attempt:
     status: int | None = None
     detail: str | None = None
     duration_s: float | None = None
+    #: ``prefill`` or ``decode`` for the steps of a P/D request; None for whole requests.
+    stage: str | None = None
 
 
 @dataclass(slots=True)
@@ -71,6 +73,9 @@ class DecisionRecord:
         Attempts in order.
     status : int or None
         HTTP status returned to the client.
+    error : str or None
+        What went wrong, if anything: a request rejected before routing (400, 401,
+        403, 404, 413: no class, no candidates), a shed, a failed attempt...
     timings : dict of str to float
         Seconds from arrival: ``decided``, ``first_byte``, ``first_token``, ``done``;
         ``tbot_s`` mean time between streamed chunks.
@@ -155,9 +160,10 @@ class DecisionLog:
     def add(self, record: DecisionRecord) -> None:
         """Keep ``record`` (it may still be updated in place until the request ends)."""
         records = self._records
+        if record.request_id in records:
+            records.move_to_end(record.request_id)
         records[record.request_id] = record
-        records.move_to_end(record.request_id)
-        while len(records) > self.capacity:
+        if len(records) > self.capacity:
             records.popitem(last=False)
 
     def get(self, request_id: str) -> DecisionRecord | None:

@@ -50,6 +50,7 @@ from fastroute._core.selector_py import ZERO_WEIGHT_RATIO
 from fastroute.config import PRIORITIES, Config, EngineConfig
 from fastroute.errors import TableError
 from fastroute.hashing import class_key, engine_id
+from fastroute.proxy.concurrency import ConcurrencyCaps
 from fastroute.proxy.outlier import Outcome, OutlierDetector
 from fastroute.tables import TableReader, TableSnapshot
 from fastroute.tables.stats import DEFAULT_EWMA_ALPHA, Counter, Ewma, StatsBlock
@@ -141,6 +142,7 @@ class EngineStats:
         self.shared = slots >= 0
         self._shared_idx = np.flatnonzero(self.shared)
         self._shared_slots = slots[self.shared]
+        self._all_shared = bool(self.shared.all())
         self._column = block.column(Counter.IN_FLIGHT) if block is not None else None
         self._local_in_flight = np.zeros(n, dtype=np.int64)
         self._local_requests = np.zeros(n, dtype=np.int64)
@@ -166,6 +168,8 @@ class EngineStats:
 
     def in_flight(self) -> np.ndarray:
         """A fresh int64 copy of the in-flight counts in fleet order."""
+        if self._column is not None and self._all_shared:
+            return self._column[self._shared_slots]  # fancy indexing: already a copy
         out = self._local_in_flight.copy()
         if self._column is not None and self._shared_idx.size:
             out[self._shared_idx] = self._column[self._shared_slots]
@@ -325,11 +329,13 @@ class Fleet:
             max_ejected_fraction=ej.max_ejected_fraction,
         )
         self.in_flight = InFlightCounts(self.stats)
+        #: This worker's own in-flight counts and the ``max_concurrency`` caps.
+        self.caps = ConcurrencyCaps([e.max_concurrency for e in self.engines])
         self._masks: dict[tuple[frozenset[str], str | None], np.ndarray] = {}
         # Eligibility masks by (row, id(request mask)) -> (request mask, mask), valid for
         # one (state, outlier version); the request mask is kept so its id stays unique.
         self._eligible: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._eligible_for: tuple[FleetState | None, int] = (None, -1)
+        self._eligible_for: tuple[FleetState | None, int, int] = (None, -1, -1)
         self._reasons: tuple[int, dict[int, str]] = (-1, {})
         self.state = self._make_state(0, None, self._fallback.copy(), None, None, None)
 
@@ -341,10 +347,12 @@ class Fleet:
     def attempt_started(self, index: int) -> None:
         """An attempt was sent to engine ``index``: in-flight + 1."""
         self.stats.add_in_flight(index, 1)
+        self.caps.started(index)
 
     def attempt_finished(self, index: int) -> None:
         """An attempt to engine ``index`` ended (any way): in-flight - 1."""
         self.stats.add_in_flight(index, -1)
+        self.caps.finished(index)
 
     def observe(self, index: int, ewma: Ewma, seconds: float) -> None:
         """Fold an in-band latency (``Ewma.TTFT_S``, ``TBOT_S``, ``E2E_S``) of engine
@@ -430,29 +438,53 @@ class Fleet:
         return RequestView(self, self.state, request_mask)
 
     def eligible(self, row: int, state: FleetState, request_mask: np.ndarray) -> np.ndarray:
-        """uint8 mask: weight > 0 in ``row``, available, not ejected, in ``request_mask``.
+        """uint8 mask: weight > 0 in ``row``, available, not ejected, not at its
+        ``max_concurrency`` cap, in ``request_mask``.
 
-        Cached per (row, request mask) for the current ``state`` and outlier version:
-        the inputs change rarely, and four numpy operations per request were a
-        measurable share of the proxy's CPU.
+        Cached per (row, request mask) for the current ``state``, outlier version and
+        cap version: the inputs change rarely, and four numpy operations per request
+        were a measurable share of the proxy's CPU.
         """
         version = self.outlier.version_at(self.clock())
+        caps = self.caps
         cached_for = self._eligible_for
-        if cached_for[0] is not state or cached_for[1] != version:
+        if cached_for[0] is not state or cached_for[1] != version or cached_for[2] != caps.version:
             self._eligible = {}
-            self._eligible_for = (state, version)
+            self._eligible_for = (state, version, caps.version)
         key = (row, id(request_mask))
         hit = self._eligible.get(key)
         if hit is not None and hit[0] is request_mask:
             return hit[1]
         ejected_ok = self.outlier.available_mask(self.clock()).astype(bool)
         mask = state.positive[row] & state.available & ejected_ok & request_mask
+        if caps.enabled:
+            mask &= caps.available
         out = mask.view(np.uint8)
         out.flags.writeable = False
         if len(self._eligible) >= MAX_CACHED_MASKS:
             self._eligible.clear()
         self._eligible[key] = (request_mask, out)
         return out
+
+    def capped_out(self, row: int, state: FleetState, request_mask: np.ndarray) -> bool:
+        """Whether some engine would be eligible for ``row`` but for its cap."""
+        caps = self.caps
+        if not caps.enabled or not caps.at_cap.any():
+            return False
+        ejected_ok = self.outlier.available_mask(self.clock()).astype(bool)
+        mask = state.positive[row] & state.available & ejected_ok & request_mask
+        return bool((mask & caps.at_cap).any())
+
+    def cap_reasons(self) -> dict[int, str]:
+        """Engines at their ``max_concurrency`` cap now, with why (empty without caps)."""
+        caps = self.caps
+        if not caps.enabled or not caps.at_cap.any():
+            return {}
+        return {
+            int(i): f"{caps.count(int(i))} requests in flight from this worker, "
+            f"max_concurrency {caps.cap(int(i))}"
+            for i in np.flatnonzero(caps.at_cap)
+        }
 
     def ejection_reasons(self) -> dict[int, str]:
         """Why each currently ejected engine is out; do not modify the result.
@@ -470,14 +502,18 @@ class Fleet:
         request_mask: np.ndarray,
         state: FleetState,
         reasons: dict[int, str] | None = None,
+        at_cap: dict[int, str] | None = None,
     ) -> list[dict[str, Any]]:
         """Why each engine of the fleet is not eligible for ``row`` (decision records).
 
         ``reasons``: the outlier detector's ejection reasons as of the decision
-        (default: now).
+        (default: now). ``at_cap``: engines at their ``max_concurrency`` cap as of the
+        decision, with why (default: now, :meth:`cap_reasons`).
         """
         if reasons is None:
             reasons = self.outlier.reasons(self.clock())
+        if at_cap is None:
+            at_cap = self.cap_reasons()
         out: list[dict[str, Any]] = []
         for i, name in enumerate(self.names):
             if not self._serves[row, i]:
@@ -490,6 +526,8 @@ class Fleet:
                 why, detail = "residency", f"zone {self.zones[i]!r} / hardware not allowed"
             elif i in reasons:
                 why, detail = "ejected", reasons[i]
+            elif i in at_cap:
+                why, detail = "at_cap", at_cap[i]
             else:
                 continue
             out.append({"engine": name, "filter": why, "detail": detail})

@@ -13,8 +13,13 @@ engine if ``retry.max_retries`` and the retry budget allow; otherwise the client
 502 (connect error, disconnect, 5xx), 504 (timeout) or the engine's 4xx/429 in
 OpenAI shape. A stream that breaks after its first byte ends with one SSE error event
 and a clean end of the body. Every outcome is recorded in the outlier detector.
-A client that goes away cancels the handler (aiohttp ``handler_cancellation``); the
-upstream response is closed on the way out.
+A client that goes away cancels the handler (the lean server, or aiohttp's
+``handler_cancellation``); the upstream response is closed on the way out.
+
+The path is independent of the HTTP server in front of it: :meth:`InferenceHandler.handle`
+takes anything with ``path`` and ``headers`` (a case-insensitive mapping), the body
+already read (None when it was over the limit) and a :class:`~fastroute.proxy.reply.Sink`
+for streams, and returns a :class:`~fastroute.proxy.reply.Reply`.
 """
 
 from __future__ import annotations
@@ -24,13 +29,12 @@ import itertools
 import os
 import secrets
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
-import aiohttp
 import msgspec
 from aiohttp import web
-from multidict import CIMultiDict
 
 from fastroute.config import PRIORITIES, ClassConfig, Config, TenantConfig, hash_api_key
 from fastroute.policy import Decision, Policy, RouteRequest, make_policy
@@ -39,8 +43,10 @@ from fastroute.proxy.decisions import Attempt, DecisionLog, DecisionRecord
 from fastroute.proxy.fleet import Fleet, FleetState
 from fastroute.proxy.http1 import Response
 from fastroute.proxy.metrics import ProxyMetrics
-from fastroute.proxy.openai_errors import error_response, sse_error_event
+from fastroute.proxy.openai_errors import error_reply, sse_error_event
 from fastroute.proxy.outlier import Outcome
+from fastroute.proxy.pd import PDPools, PDProtocolError, decode_body, prefill_body, transfer_params
+from fastroute.proxy.reply import Reply, Sink
 from fastroute.proxy.requests import (
     ChatRequest,
     CompletionRequest,
@@ -62,6 +68,8 @@ __all__ = [
     "PREFIX_BYTES",
     "assign_request_id",
     "request_id_of",
+    "new_request_id",
+    "Incoming",
 ]
 
 #: Bytes of prompt text handed to prefix-aware policies (``RouteRequest.prefix``).
@@ -89,26 +97,26 @@ def _forwardable(low: str, drop: frozenset[str]) -> bool:
     return not (low in drop or low.startswith("x-fastroute-") or low == "x-request-id")
 
 
-def _filter_headers(
-    items: Any, drop: frozenset[str], verdicts: dict[str, bool]
-) -> list[tuple[str, str]]:
-    """The (name, value) pairs of ``items`` that pass ``drop``.
+def _header_lines(
+    raw: Iterable[tuple[bytes, bytes]], drop: frozenset[str], verdicts: dict[bytes, bool]
+) -> list[bytes]:
+    """The encoded ``name: value\\r\\n`` lines of the raw pairs that pass ``drop``.
 
-    ``verdicts`` caches the decision per name as sent: clients and engines send the
-    same few header names over and over, and lowercasing plus three tests per header
-    showed in the profile.
+    Headers are relayed as the parser gave them (no CR/LF inside), never decoded.
+    ``verdicts`` caches the decision per raw name: clients and engines send the same
+    few header names over and over.
     """
-    out: list[tuple[str, str]] = []
-    for name, value in items:
+    lines = []
+    for name, value in raw:
         keep = verdicts.get(name)
         if keep is None:
-            keep = _forwardable(name.lower(), drop)
+            keep = _forwardable(name.decode("latin-1").lower(), drop)
             if len(verdicts) >= MAX_CACHED_HEADER_NAMES:
                 verdicts.clear()
             verdicts[name] = keep
         if keep:
-            out.append((name, value))
-    return out
+            lines.append(b"%b: %b\r\n" % (name, value))
+    return lines
 
 
 class _EmbeddingRequest(msgspec.Struct):
@@ -163,9 +171,34 @@ class _Classified:
 class _Reject(Exception):
     """A request refused before routing; carries the response."""
 
-    def __init__(self, response: web.Response) -> None:
+    def __init__(self, response: Reply) -> None:
         super().__init__(response.status)
         self.response = response
+
+    @property
+    def reason(self) -> str:
+        """Why, for the decision record: the error message the client got."""
+        try:
+            message = msgspec.json.decode(self.response.body)["error"]["message"]
+        except (msgspec.DecodeError, KeyError, TypeError):
+            message = None
+        return f"rejected before routing (HTTP {self.response.status}): {message}"
+
+
+class Incoming(Protocol):
+    """What the request path reads of a request (aiohttp's ``web.Request`` is one)."""
+
+    @property
+    def path(self) -> str:
+        """The request path (one of the three inference endpoints)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Request headers, case-insensitive (``CIMultiDict``/``CIMultiDictProxy``)."""
+
+    @property
+    def raw_headers(self) -> Sequence[tuple[bytes, bytes]]:
+        """The same headers as received: (name, value) bytes, in order."""
 
 
 @dataclass(slots=True)
@@ -184,6 +217,8 @@ class ProxyContext:
     metrics : ProxyMetrics
     upstream : UpstreamPool or None
         Created on startup (it needs the running loop).
+    pd : PDPools or None
+        The prefill and decode pools, when the config has P/D engines.
     aggregator : DemandAggregator or None
         Per-window report counters, set by ``install_signal_tasks`` when a
         controller is configured; None: nothing is counted.
@@ -197,6 +232,7 @@ class ProxyContext:
     decisions: DecisionLog
     metrics: ProxyMetrics
     upstream: UpstreamPool | None = None
+    pd: PDPools | None = None
     aggregator: DemandAggregator | None = None
     ready: bool = False
     draining: bool = False
@@ -227,7 +263,7 @@ def new_request_id() -> str:
     return f"{_id_prefix}{next(_id_counter):x}"
 
 
-def request_id_of(request: web.Request) -> str:
+def request_id_of(request: Incoming) -> str:
     """The request's id, assigned on first use."""
     # Not ``request.get``: the generic ``Mapping.get`` of aiohttp's request costs more.
     try:
@@ -237,7 +273,7 @@ def request_id_of(request: web.Request) -> str:
         return rid
 
 
-def assign_request_id(request: web.Request) -> str:
+def assign_request_id(request: Incoming) -> str:
     """Give a new request its id (the middleware does, before any handler)."""
     rid = request[_REQUEST_ID] = new_request_id()
     return rid
@@ -264,41 +300,22 @@ class InferenceHandler:
         )
         self._models = frozenset(config.models())
         self._sorted_zones: dict[frozenset[str], list[str]] = {}
-        self._request_verdicts: dict[str, bool] = {}
-        self._response_verdicts: dict[str, bool] = {}
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/chat/completions``."""
-        return await self._handle(request, "chat")
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/completions``."""
-        return await self._handle(request, "completions")
-
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/embeddings`` (passthrough)."""
-        return await self._handle(request, "embeddings")
+        self._request_verdicts: dict[bytes, bool] = {}
+        self._auth_lines: dict[str, bytes] = {}  # one per configured engine key
+        self._budget_state: FleetState | None = None  # the state the budget's ratio is from
+        self._response_verdicts: dict[bytes, bool] = {}
 
     # -- steps -------------------------------------------------------------------------------
 
     def _too_large(self) -> _Reject:
         limit = self.config.limits.max_body_bytes
         return _Reject(
-            error_response(
+            error_reply(
                 413,
                 f"Request body is larger than the limit of {limit} bytes.",
                 code="request_too_large",
             )
         )
-
-    async def _read_body(self, request: web.Request) -> bytes:
-        length = request.content_length
-        if length is not None and length > self.config.limits.max_body_bytes:
-            raise self._too_large()
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise self._too_large() from None
 
     def _parse(self, kind: str, body: bytes) -> ParsedRequest:
         try:
@@ -311,11 +328,11 @@ class InferenceHandler:
         except RequestParseError as exc:
             err = exc.to_openai_error()["error"]
             raise _Reject(
-                error_response(400, str(err["message"]), param=err["param"], code=None)
+                error_reply(400, str(err["message"]), param=err["param"], code=None)
             ) from None
         if not parsed.model:
             raise _Reject(
-                error_response(
+                error_reply(
                     400,
                     "You must provide a model parameter.",
                     param="model",
@@ -324,7 +341,7 @@ class InferenceHandler:
             )
         return parsed
 
-    def _tenant(self, request: web.Request) -> TenantConfig | None:
+    def _tenant(self, request: Incoming) -> TenantConfig | None:
         if not self.config.tenants:
             return None
         auth = request.headers.get("Authorization", "")
@@ -336,12 +353,10 @@ class InferenceHandler:
         if tenant is None:
             tenant = self._default_tenant
         if tenant is None:
-            raise _Reject(
-                error_response(401, "Invalid or missing API key.", code="invalid_api_key")
-            )
+            raise _Reject(error_reply(401, "Invalid or missing API key.", code="invalid_api_key"))
         return tenant
 
-    def _classify(self, request: web.Request, parsed: ParsedRequest) -> _Classified:
+    def _classify(self, request: Incoming, parsed: ParsedRequest) -> _Classified:
         proxy = self.config.proxy
         tenant = self._tenant(request)
         zones = frozenset(tenant.zones) if tenant and tenant.zones else self._all_zones
@@ -351,7 +366,7 @@ class InferenceHandler:
             zones = zones & asked
             if not zones:
                 raise _Reject(
-                    error_response(
+                    error_reply(
                         403,
                         f"Header {proxy.zone_header} names no residency zone this tenant "
                         f"may use (asked {sorted(asked)}).",
@@ -363,7 +378,7 @@ class InferenceHandler:
             priority = tenant.default_priority if tenant else "default"
         elif priority not in PRIORITIES:
             raise _Reject(
-                error_response(
+                error_reply(
                     400,
                     f"Header {proxy.priority_header} must be one of {', '.join(PRIORITIES)}; "
                     f"got {priority!r}.",
@@ -373,7 +388,7 @@ class InferenceHandler:
         model = str(parsed.model)
         if model not in self._models:
             raise _Reject(
-                error_response(
+                error_reply(
                     404,
                     f"The model `{model}` does not exist or is not served by this proxy.",
                     param="model",
@@ -390,50 +405,90 @@ class InferenceHandler:
             row=self.ctx.fleet.rows[(model, priority)],
         )
 
-    def _forward_headers(
-        self, request: web.Request, engine_key: str | None, rid: str
-    ) -> CIMultiDict[str]:
+    def _forward_headers(self, request: Incoming, engine_key: str | None, rid: str) -> bytes:
+        """The header lines to send to the engine, encoded (``http1`` takes them as is).
+
+        Relayed as received, minus the drop set (:func:`_header_lines`).
+        """
         headers = request.headers
         connection = headers.get("Connection")
         if connection:  # names listed in Connection are hop-by-hop too: no cached verdicts
             drop = _DROP_REQUEST_HEADERS | {t.strip().lower() for t in connection.split(",")}
-            pairs = _filter_headers(headers.items(), drop, {})
+            lines = _header_lines(request.raw_headers, drop, {})
         else:
-            pairs = _filter_headers(headers.items(), _DROP_REQUEST_HEADERS, self._request_verdicts)
+            lines = _header_lines(
+                request.raw_headers, _DROP_REQUEST_HEADERS, self._request_verdicts
+            )
         if self.config.proxy.forward_authorization and "Authorization" in headers:
-            pairs.append(("Authorization", headers["Authorization"]))
+            auth = headers["Authorization"].encode("utf-8", "surrogateescape")
+            lines.append(b"Authorization: %b\r\n" % auth)
         elif engine_key:
-            pairs.append(("Authorization", f"Bearer {engine_key}"))
-        pairs.append(("x-request-id", rid))
-        return CIMultiDict(pairs)  # built once: add() per header costs more
+            lines.append(self._engine_auth(engine_key))
+        lines.append(f"x-request-id: {rid}\r\n".encode())
+        return b"".join(lines)
+
+    def _engine_auth(self, key: str) -> bytes:
+        """``Authorization: Bearer <key>`` for an engine's configured key, encoded once."""
+        line = self._auth_lines.get(key)
+        if line is None:
+            if "\r" in key or "\n" in key:
+                raise ValueError("an engine api_key contains CR or LF")
+            line = self._auth_lines[key] = f"Authorization: Bearer {key}\r\n".encode()
+        return line
 
     # -- the path ----------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+    async def handle(
+        self, request: Incoming, kind: str, body: bytes | None, sink: Sink, rid: str
+    ) -> Reply:
+        """Serve one inference request.
+
+        Parameters
+        ----------
+        request : Incoming
+            Its ``path`` and ``headers``.
+        kind : {"chat", "completions", "embeddings"}
+            The endpoint.
+        body : bytes or None
+            The whole request body; None if it was over ``limits.max_body_bytes`` (413).
+        sink : Sink
+            Where a streamed (SSE) response is written.
+        rid : str
+            The request id the front end assigned (:func:`new_request_id`).
+
+        Returns
+        -------
+        Reply
+            The response; ``streamed=True`` if it already went through ``sink``.
+        """
         ctx = self.ctx
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        rid = request_id_of(request)
         record = DecisionRecord(request_id=rid, endpoint=request.path)
         metrics = ctx.metrics
-        metrics.in_flight.inc()
-        response: web.StreamResponse | None = None
+        metrics.in_flight_count += 1
+        response: Reply | None = None
         try:
             try:
-                body = await self._read_body(request)
+                if body is None:
+                    raise self._too_large()
                 parsed = self._parse(kind, body)
+                record.model = parsed.model or ""
                 cls = self._classify(request, parsed)
             except _Reject as rej:
+                # Never routed, but recorded: the client has the request id to ask why.
+                record.error = rej.reason
+                ctx.decisions.add(record)
                 response = rej.response
                 return response
             record.model, record.priority, record.tenant = cls.model, cls.priority, cls.tenant
             record.class_name, record.row = cls.cls.name, cls.row
             record.zones = self._zone_list(cls.zones)
             ctx.decisions.add(record)
-            response = await self._route(request, kind, body, parsed, cls, record, t0)
+            response = await self._route(request, kind, body, parsed, cls, record, t0, sink)
             return response
         finally:
-            metrics.in_flight.dec()
+            metrics.in_flight_count -= 1
             status = response.status if response is not None else 499
             record.status = status
             record.timings["done"] = loop.time() - t0
@@ -455,14 +510,15 @@ class InferenceHandler:
 
     async def _route(
         self,
-        request: web.Request,
+        request: Incoming,
         kind: str,
         body: bytes,
         parsed: ParsedRequest,
         cls: _Classified,
         record: DecisionRecord,
         t0: float,
-    ) -> web.StreamResponse:
+        sink: Sink,
+    ) -> Reply:
         ctx, config, fleet = self.ctx, self.config, self.ctx.fleet
         key, source = routing_key(
             parsed, request.headers, config.proxy.session_header, request_id=record.request_id
@@ -478,7 +534,7 @@ class InferenceHandler:
                     int(fleet.row_keys[cls.row]), estimate_prompt_tokens(parsed), shed=True
                 )
             record.error = "shed by the controller's shed fraction"
-            return error_response(
+            return error_reply(
                 429,
                 "The service is shedding load for this class; retry later.",
                 code="load_shed",
@@ -486,7 +542,9 @@ class InferenceHandler:
             )
         admission = ctx.admission
         if admission is None:
-            return await self._pick_and_forward(request, kind, body, parsed, cls, record, t0, key)
+            return await self._pick_and_forward(
+                request, kind, body, parsed, cls, record, t0, key, sink
+            )
         try:
             await admission.acquire()
         except AdmissionRejected as exc:
@@ -496,20 +554,22 @@ class InferenceHandler:
                     int(fleet.row_keys[cls.row]), estimate_prompt_tokens(parsed), shed=True
                 )
             record.error = str(exc)
-            return error_response(
+            return error_reply(
                 429,
                 "The proxy is overloaded; retry later.",
                 code="overloaded",
                 headers={"Retry-After": exc.admission.retry_after_header},
             )
         try:
-            return await self._pick_and_forward(request, kind, body, parsed, cls, record, t0, key)
+            return await self._pick_and_forward(
+                request, kind, body, parsed, cls, record, t0, key, sink
+            )
         finally:
             admission.release()
 
     async def _pick_and_forward(
         self,
-        request: web.Request,
+        request: Incoming,
         kind: str,
         body: bytes,
         parsed: ParsedRequest,
@@ -517,8 +577,11 @@ class InferenceHandler:
         record: DecisionRecord,
         t0: float,
         key: int,
-    ) -> web.StreamResponse:
+        sink: Sink,
+    ) -> Reply:
         ctx, config, fleet = self.ctx, self.config, self.ctx.fleet
+        if ctx.pd is not None and kind != "embeddings" and cls.model in ctx.pd.models:
+            return await self._pd_forward(request, body, parsed, cls, record, t0, key, sink)
         loop = asyncio.get_running_loop()
         policy = ctx.policies[config.policy_for(cls.cls)]
         mask = fleet.request_mask(cls.zones, cls.hardware)
@@ -533,26 +596,184 @@ class InferenceHandler:
         if ctx.aggregator is not None:
             ctx.aggregator.observe_request(int(fleet.row_keys[cls.row]), route.prompt_tokens)
         decision = policy.choose(route, view, k=config.policy.top_k)
+        capped = not decision.ranked and fleet.capped_out(cls.row, state, mask)
+        if capped:
+            # Candidates exist but are at their max_concurrency cap: wait for one to
+            # free up (bounded; this request holds an admission slot), then pick again.
+            wait_until = loop.time() + config.admission.max_wait_s
+            while capped and await fleet.caps.wait_freed(wait_until - loop.time()):
+                view = fleet.view(mask)
+                state = view.state
+                decision = policy.choose(route, view, k=config.policy.top_k)
+                capped = not decision.ranked and fleet.capped_out(cls.row, state, mask)
         record.policy, record.reason = decision.policy, decision.reason
         record.defer(_choice_renderer(fleet, cls.row, mask, state, decision))
         record.timings["decided"] = loop.time() - t0
+        if capped:
+            ctx.metrics.shed.labels(cls.cls.name, "at_cap").inc()
+            record.error = "every candidate engine is at its max_concurrency cap"
+            return error_reply(
+                429,
+                f"Every engine for model `{cls.model}` is at its concurrency limit; retry later.",
+                code="engines_at_capacity",
+                headers={
+                    "Retry-After": str(config.admission.retry_after_s),
+                    "x-fastroute-engine": "none",
+                    "x-fastroute-decision": record.header(),
+                },
+            )
         if not decision.ranked:
             record.error = "no eligible engine"
-            return error_response(
+            return error_reply(
                 503,
                 f"No engine is available for model `{cls.model}` (priority {cls.priority}, "
                 f"zones {', '.join(sorted(cls.zones))}).",
                 code="no_engine_available",
                 headers={"x-fastroute-engine": "none", "x-fastroute-decision": record.header()},
             )
-        ctx.budget.set_ratio(
-            config.retry.ratio
-            if state.retry_ratio is None
-            else min(config.retry.ratio, state.retry_ratio)
-        )
-        ctx.budget.deposit(time.monotonic())
+        self._deposit(state)
         deadline = t0 + config.timeouts.total_timeout_s
-        last: UpstreamError | web.Response | None = None
+        return await self._try_ranked(
+            request, body, cls, record, route, policy, decision, deadline, t0, sink, fleet
+        )
+
+    async def _pd_forward(
+        self,
+        request: Incoming,
+        body: bytes,
+        parsed: ParsedRequest,
+        cls: _Classified,
+        record: DecisionRecord,
+        t0: float,
+        key: int,
+        sink: Sink,
+    ) -> Reply:
+        """A P/D request: prefill on the prefill pool, then decode (relayed) on the
+        decode pool (:mod:`fastroute.proxy.pd`)."""
+        ctx, config = self.ctx, self.config
+        pd = ctx.pd
+        assert pd is not None
+        loop = asyncio.get_running_loop()
+        name = config.policy_for(cls.cls)
+        p_fleet, d_fleet = pd.prefill, pd.decode
+        p_cls = replace(cls, row=p_fleet.rows[(cls.model, cls.priority)])
+        d_cls = replace(cls, row=d_fleet.rows[(cls.model, cls.priority)])
+        p_mask = p_fleet.request_mask(cls.zones, cls.hardware)
+        d_mask = d_fleet.request_mask(cls.zones, cls.hardware)
+        p_view, d_view = p_fleet.view(p_mask), d_fleet.view(d_mask)
+        p_policy, d_policy = pd.prefill_policies[name], pd.decode_policies[name]
+        prefix = _prefix(parsed) if p_policy.needs_prefix or d_policy.needs_prefix else b""
+        p_route = RouteRequest(
+            key_hash=key,
+            row=p_cls.row,
+            prompt_tokens=estimate_prompt_tokens(parsed),
+            prefix=prefix,
+        )
+        d_route = msgspec.structs.replace(p_route, row=d_cls.row)
+        if ctx.aggregator is not None:
+            ctx.aggregator.observe_request(int(p_fleet.row_keys[p_cls.row]), p_route.prompt_tokens)
+        p_dec, d_dec = pd.selector(name).choose_pair(
+            p_route, d_route, p_view, d_view, config.policy.top_k
+        )
+        record.policy = p_dec.policy
+        record.reason = f"pd:prefill={p_dec.reason},decode={d_dec.reason}"
+        record.defer(
+            _pd_renderer(
+                _choice_renderer(p_fleet, p_cls.row, p_mask, p_view.state, p_dec),
+                _choice_renderer(d_fleet, d_cls.row, d_mask, d_view.state, d_dec),
+            )
+        )
+        record.timings["decided"] = loop.time() - t0
+        for stage, decision in (("prefill", p_dec), ("decode", d_dec)):
+            if not decision.ranked:
+                record.error = f"no eligible {stage} engine"
+                return error_reply(
+                    503,
+                    f"No {stage} engine is available for model `{cls.model}` (priority "
+                    f"{cls.priority}, zones {', '.join(sorted(cls.zones))}).",
+                    code="no_engine_available",
+                    headers={
+                        "x-fastroute-engine": "none",
+                        "x-fastroute-decision": record.header(),
+                    },
+                )
+        self._deposit(ctx.fleet.state)
+        deadline = t0 + config.timeouts.total_timeout_s
+        original = msgspec.json.decode(body)  # parsed above: a JSON object
+        try:
+            reply = await self._try_ranked(
+                request,
+                prefill_body(original),
+                p_cls,
+                record,
+                p_route,
+                p_policy,
+                p_dec,
+                deadline,
+                t0,
+                _NO_STREAM,
+                p_fleet,
+                "prefill",
+            )
+            if reply.status != 200:
+                return reply  # the prefill pool's error (after its retry), in OpenAI shape
+            params = transfer_params(reply.body)
+        except PDProtocolError as exc:
+            return self._pd_protocol_error(record, str(exc))
+        except _PrefillStreamed:
+            return self._pd_protocol_error(record, "the prefill engine answered a stream")
+        record.timings["prefilled"] = loop.time() - t0
+        return await self._try_ranked(
+            request,
+            decode_body(original, params),
+            d_cls,
+            record,
+            d_route,
+            d_policy,
+            d_dec,
+            deadline,
+            t0,
+            sink,
+            d_fleet,
+            "decode",
+        )
+
+    def _pd_protocol_error(self, record: DecisionRecord, why: str) -> Reply:
+        record.error = why
+        return error_reply(
+            502,
+            f"Engine {record.attempts[-1].engine}: {why}.",
+            code="upstream_error",
+            headers=self._decision_headers(record),
+        )
+
+    def _deposit(self, state: FleetState) -> None:
+        """One retry-budget deposit for a request about to be forwarded."""
+        budget = self.ctx.budget
+        if state is not self._budget_state:  # the ratio changes only with the table
+            self._budget_state = state
+            ratio = self.config.retry.ratio
+            budget.set_ratio(ratio if state.retry_ratio is None else min(ratio, state.retry_ratio))
+        budget.deposit(time.monotonic())
+
+    async def _try_ranked(
+        self,
+        request: Incoming,
+        body: bytes,
+        cls: _Classified,
+        record: DecisionRecord,
+        route: RouteRequest,
+        policy: Policy,
+        decision: Decision,
+        deadline: float,
+        t0: float,
+        sink: Sink,
+        fleet: Fleet,
+        stage: str | None = None,
+    ) -> Reply:
+        """Attempt the ranked engines of ``fleet`` in order, retries within the budget."""
+        ctx = self.ctx
+        last: UpstreamError | Reply | None = None
         for rank, index in enumerate(decision.ranked):
             if rank > 0:
                 if not ctx.budget.may_retry(rank - 1, time.monotonic()):
@@ -563,14 +784,26 @@ class InferenceHandler:
                 ctx.metrics.retries.inc()
             try:
                 return await self._attempt(
-                    request, body, cls, record, route, policy, rank, index, deadline, t0
+                    request,
+                    body,
+                    cls,
+                    record,
+                    route,
+                    policy,
+                    rank,
+                    index,
+                    deadline,
+                    t0,
+                    sink,
+                    fleet,
+                    stage,
                 )
             except _Retryable as exc:
                 last = exc.failure
         assert last is not None
-        if isinstance(last, web.Response):
+        if isinstance(last, Reply):
             return last
-        return error_response(
+        return error_reply(
             last.status,
             last.message,
             code=last.code,
@@ -580,25 +813,24 @@ class InferenceHandler:
     def _decision_headers(self, record: DecisionRecord) -> dict[str, str]:
         engine = record.attempts[-1].engine if record.attempts else "none"
         return {
-            "x-request-id": record.request_id,
             "x-fastroute-engine": engine,
             "x-fastroute-decision": record.header(),
         }
 
-    def _record_outcome(self, index: int, outcome: Outcome, attempt: Attempt) -> None:
+    def _record_outcome(self, fleet: Fleet, index: int, outcome: Outcome, attempt: Attempt) -> None:
         ctx = self.ctx
         attempt.outcome = _OUTCOME_TEXT[outcome]
         if outcome in _FAILURE_OUTCOMES:
             ctx.metrics.upstream_failures.labels(attempt.engine, attempt.outcome).inc()
-        if ctx.fleet.outlier.record(index, outcome, ctx.fleet.clock()):
+        if fleet.outlier.record(index, outcome, fleet.clock()):
             ctx.metrics.ejections.labels(attempt.engine).inc()
         if ctx.aggregator is not None:
             ok = outcome is Outcome.SUCCESS
-            ctx.aggregator.observe_attempt(int(ctx.fleet.engine_ids[index]), ok, attempt.outcome)
+            ctx.aggregator.observe_attempt(int(fleet.engine_ids[index]), ok, attempt.outcome)
 
     async def _attempt(
         self,
-        request: web.Request,
+        request: Incoming,
         body: bytes,
         cls: _Classified,
         record: DecisionRecord,
@@ -608,14 +840,17 @@ class InferenceHandler:
         index: int,
         deadline: float,
         t0: float,
-    ) -> web.StreamResponse:
-        ctx, fleet = self.ctx, self.ctx.fleet
+        sink: Sink,
+        fleet: Fleet,
+        stage: str | None = None,
+    ) -> Reply:
+        ctx = self.ctx
         assert ctx.upstream is not None
         upstream = ctx.upstream
         loop = asyncio.get_running_loop()
         engine = fleet.engines[index]
         engine_id = int(fleet.engine_ids[index])
-        attempt = Attempt(engine=engine.name, rank=rank)
+        attempt = Attempt(engine=engine.name, rank=rank, stage=stage)
         record.attempts.append(attempt)
         started = loop.time()
         policy.on_routed(route, engine_id)
@@ -627,33 +862,32 @@ class InferenceHandler:
                 resp = await upstream.open(engine, request.path, body, headers, deadline)
             except UpstreamError as exc:
                 attempt.detail = exc.message
-                self._record_outcome(index, exc.outcome, attempt)
+                self._record_outcome(fleet, index, exc.outcome, attempt)
                 raise _Retryable(exc) from None
             try:
                 record.timings.setdefault("first_byte", loop.time() - t0)
                 attempt.status = resp.status
                 if resp.status >= 400:
                     return await self._upstream_error(
-                        resp, engine.name, index, attempt, record, deadline
+                        fleet, resp, engine.name, index, attempt, record, deadline
                     )
                 if resp.content_type == "text/event-stream":
                     result = await self._relay_stream(
-                        request, resp, cls, record, index, attempt, deadline, t0
+                        fleet, sink, resp, cls, record, index, attempt, deadline, t0
                     )
                 else:
                     try:
                         data = await upstream.read_body(resp, engine.name, deadline)
                     except UpstreamError as exc:
                         attempt.detail = exc.message
-                        self._record_outcome(index, exc.outcome, attempt)
+                        self._record_outcome(fleet, index, exc.outcome, attempt)
                         raise _Retryable(exc) from None
-                    self._record_outcome(index, Outcome.SUCCESS, attempt)
+                    self._record_outcome(fleet, index, Outcome.SUCCESS, attempt)
                     if ctx.aggregator is not None:
                         row_key = int(fleet.row_keys[cls.row])
                         ctx.aggregator.observe_output(row_key, completion_tokens_of(data))
-                    result = web.Response(
-                        status=resp.status, body=data, headers=self._response_headers(resp, record)
-                    )
+                    raw_head = self._response_headers(resp, record)
+                    result = Reply(resp.status, [], data, raw_head=raw_head)
                 ok = attempt.outcome == "success"
                 return result
             finally:
@@ -665,26 +899,30 @@ class InferenceHandler:
                 fleet.observe(index, Ewma.E2E_S, loop.time() - t0)
             policy.on_complete(route, engine_id, ok)
 
-    def _response_headers(
-        self, resp: Response, record: DecisionRecord
-    ) -> list[tuple[str, str]]:
-        """The engine's headers to relay plus the proxy's, as pairs: aiohttp's
-        ``Response`` copies its ``headers`` argument into a new multidict anyway."""
-        pairs = _filter_headers(
-            resp.headers.items(), _DROP_RESPONSE_HEADERS, self._response_verdicts
+    def _response_headers(self, resp: Response, record: DecisionRecord) -> bytes:
+        """The engine's headers to relay plus the proxy's, as encoded lines.
+
+        Relayed as received, minus the drop set (:func:`_header_lines`).
+        """
+        lines = _header_lines(resp.raw_headers, _DROP_RESPONSE_HEADERS, self._response_verdicts)
+        engine = record.attempts[-1].engine if record.attempts else "none"
+        lines.append(
+            f"x-fastroute-engine: {engine}\r\nx-fastroute-decision: {record.header()}\r\n".encode(
+                "utf-8", "surrogateescape"
+            )
         )
-        pairs.extend(self._decision_headers(record).items())
-        return pairs
+        return b"".join(lines)
 
     async def _upstream_error(
         self,
+        fleet: Fleet,
         resp: Response,
         engine: str,
         index: int,
         attempt: Attempt,
         record: DecisionRecord,
         deadline: float,
-    ) -> web.Response:
+    ) -> Reply:
         """An engine answered >= 400 before any byte reached the client."""
         assert self.ctx.upstream is not None
         status = resp.status
@@ -698,28 +936,26 @@ class InferenceHandler:
             outcome = Outcome.RATE_LIMITED
         else:
             outcome = Outcome.CLIENT_ERROR
-        self._record_outcome(index, outcome, attempt)
+        self._record_outcome(fleet, index, outcome, attempt)
         attempt.detail = f"engine answered {status}"
         if status >= 500:
             err = UpstreamError(Outcome.HTTP_5XX, f"engine {engine} answered {status}")
             if status in self.config.retry.retry_on_status:
                 raise _Retryable(err)
-            return error_response(
+            return error_reply(
                 502, err.message, code=err.code, headers=self._decision_headers(record)
             )
-        message, etype, param, code = self._scrub_error(data, engine, status)
+        message, etype, param, code = self._scrub_error(fleet, data, engine, status)
         headers = self._decision_headers(record)
         if "Retry-After" in resp.headers:
             headers["Retry-After"] = resp.headers["Retry-After"]
-        response = error_response(
-            status, message, code=code, param=param, type=etype, headers=headers
-        )
+        response = error_reply(status, message, code=code, param=param, type=etype, headers=headers)
         if status in self.config.retry.retry_on_status:
             raise _Retryable(response)
         return response
 
     def _scrub_error(
-        self, data: bytes, engine: str, status: int
+        self, fleet: Fleet, data: bytes, engine: str, status: int
     ) -> tuple[str, str | None, str | None, str | None]:
         """Message, type, param, code of an engine's error body, without its address."""
         message = f"Engine {engine} rejected the request (HTTP {status})."
@@ -733,7 +969,7 @@ class InferenceHandler:
                 code = err.get("code") if isinstance(err.get("code"), str) else None
         except (msgspec.DecodeError, KeyError, TypeError):
             pass
-        e = self.ctx.fleet.engines[self.ctx.fleet.names.index(engine)]
+        e = fleet.engines[fleet.names.index(engine)]
         netloc = e.url.split("://", 1)[-1]
         for secret in (e.url, netloc):
             message = message.replace(secret, f"<{engine}>")
@@ -741,7 +977,8 @@ class InferenceHandler:
 
     async def _relay_stream(
         self,
-        request: web.Request,
+        fleet: Fleet,
+        sink: Sink,
         resp: Response,
         cls: _Classified,
         record: DecisionRecord,
@@ -749,7 +986,7 @@ class InferenceHandler:
         attempt: Attempt,
         deadline: float,
         t0: float,
-    ) -> web.StreamResponse:
+    ) -> Reply:
         """Relay an SSE body chunk by chunk; the first chunk is read before committing."""
         ctx = self.ctx
         assert ctx.upstream is not None
@@ -766,22 +1003,21 @@ class InferenceHandler:
                 )
         except UpstreamError as exc:
             attempt.detail = exc.message
-            self._record_outcome(index, exc.outcome, attempt)
+            self._record_outcome(fleet, index, exc.outcome, attempt)
             raise _Retryable(exc) from None
-        out = web.StreamResponse(status=resp.status, headers=self._response_headers(resp, record))
-        out.headers["Cache-Control"] = "no-cache"
-        await out.prepare(request)
+        headers = [("Cache-Control", "no-cache")]
+        await sink.start(resp.status, headers, self._response_headers(resp, record))
         first_at = last_at = loop.time()
         record.timings["first_token"] = first_at - t0
         labels = (cls.cls.name, attempt.engine)
         ctx.metrics.ttft_of(*labels).observe(first_at - t0)
-        ctx.fleet.observe(index, Ewma.TTFT_S, first_at - t0)
+        fleet.observe(index, Ewma.TTFT_S, first_at - t0)
         n_chunks = 0
         last = b""  # the last chunk written; its tail is only looked at on failure
         failure: UpstreamError | None = None
         try:
             while chunk:
-                await out.write(chunk)
+                await sink.write(chunk)
                 n_chunks += 1
                 last_at = loop.time()
                 last = chunk
@@ -794,33 +1030,33 @@ class InferenceHandler:
                     break
             if failure is not None:
                 attempt.detail = f"stream broke after {n_chunks} chunks: {failure.message}"
-                self._record_outcome(index, failure.outcome, attempt)
+                self._record_outcome(fleet, index, failure.outcome, attempt)
                 record.error = attempt.detail
                 sep = b"" if last.endswith(_SSE_END) else _SSE_END
-                await out.write(sep + sse_error_event(failure.message, code=failure.code))
+                await sink.write(sep + sse_error_event(failure.message, code=failure.code))
             else:
-                self._record_outcome(index, Outcome.SUCCESS, attempt)
-            await out.write_eof()
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                self._record_outcome(fleet, index, Outcome.SUCCESS, attempt)
+            await sink.end()
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
             attempt.outcome = "client_disconnected"
             record.error = "client disconnected mid-stream"
         if n_chunks > 1:
             tbot = (last_at - first_at) / (n_chunks - 1)
             record.timings["tbot_s"] = tbot
             ctx.metrics.tbot_of(*labels).observe(tbot)
-            ctx.fleet.observe(index, Ewma.TBOT_S, tbot)
+            fleet.observe(index, Ewma.TBOT_S, tbot)
         if ctx.aggregator is not None:
             tbot_s = record.timings.get("tbot_s") if n_chunks > 1 else None
-            engine_id = int(ctx.fleet.engine_ids[index])
+            engine_id = int(fleet.engine_ids[index])
             ctx.aggregator.observe_latency(engine_id, first_at - t0, tbot_s)
-            ctx.aggregator.observe_output(int(ctx.fleet.row_keys[cls.row]), n_chunks)
-        return out
+            ctx.aggregator.observe_output(int(fleet.row_keys[cls.row]), n_chunks)
+        return Reply(resp.status, headers, streamed=True)
 
 
 class _Retryable(Exception):
     """An attempt failed before any byte reached the client; the next candidate may try."""
 
-    def __init__(self, failure: UpstreamError | web.Response) -> None:
+    def __init__(self, failure: UpstreamError | Reply) -> None:
         super().__init__(str(failure))
         self.failure = failure
 
@@ -834,6 +1070,7 @@ def _choice_renderer(
     names, weights and explanations are rendered only if the record is read.
     """
     reasons = fleet.ejection_reasons()
+    at_cap = fleet.cap_reasons()
 
     def render() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         scores = decision.scores
@@ -846,9 +1083,44 @@ def _choice_renderer(
             }
             for r, i in enumerate(decision.ranked)
         ]
-        return candidates, fleet.explain(row, mask, state, reasons)
+        return candidates, fleet.explain(row, mask, state, reasons, at_cap)
 
     return render
+
+
+def _pd_renderer(prefill: Any, decode: Any) -> Any:
+    """The deferred ``(candidates, filters)`` of a P/D decision, tagged by stage."""
+
+    def render() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        candidates: list[dict[str, Any]] = []
+        filters: list[dict[str, Any]] = []
+        for stage, renderer in (("prefill", prefill), ("decode", decode)):
+            c, f = renderer()
+            candidates += [{**x, "stage": stage} for x in c]
+            filters += [{**x, "stage": stage} for x in f]
+        return candidates, filters
+
+    return render
+
+
+class _PrefillStreamed(Exception):
+    """A prefill engine answered an SSE stream where JSON was asked for."""
+
+
+class _NoStream:
+    """The sink of a step that must not stream (the prefill step asks for JSON)."""
+
+    async def start(self, status: int, headers: Any, raw_head: bytes = b"") -> None:
+        raise _PrefillStreamed
+
+    async def write(self, data: bytes) -> None:
+        raise _PrefillStreamed
+
+    async def end(self) -> None:
+        raise _PrefillStreamed
+
+
+_NO_STREAM = _NoStream()
 
 
 def _prefix(parsed: ParsedRequest) -> bytes:

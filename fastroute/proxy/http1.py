@@ -105,12 +105,16 @@ class Response:
     status : int
         HTTP status code.
     headers : multidict.CIMultiDict[str]
-        Response headers as received (hop-by-hop ones included).
+        Response headers as received (hop-by-hop ones included), decoded on first use.
+    raw_headers : list of (bytes, bytes)
+        The same, undecoded, in order (a proxy relays them without decoding).
     """
 
     __slots__ = (
         "status",
-        "headers",
+        "raw_headers",
+        "_headers",
+        "_content_type",
         "_conn",
         "_loop",
         "_chunks",
@@ -131,7 +135,9 @@ class Response:
 
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self.status = 0
-        self.headers: CIMultiDict[str] = CIMultiDict()
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+        self._headers: CIMultiDict[str] | None = None
+        self._content_type: bytes | None = None
         self._conn: _Connection | None = conn
         self._loop = loop
         self._chunks: collections.deque[bytes] = collections.deque()
@@ -150,15 +156,26 @@ class Response:
         self._timer_at = 0.0
 
     @property
+    def headers(self) -> CIMultiDict[str]:
+        """The response headers (hop-by-hop ones included), case-insensitive."""
+        headers = self._headers
+        if headers is None:
+            headers = self._headers = CIMultiDict(
+                (n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                for n, v in self.raw_headers
+            )
+        return headers
+
+    @property
     def content_type(self) -> str:
         """The media type of ``Content-Type``, lowercase, without parameters.
 
         ``application/octet-stream`` when absent (RFC 9110 §8.3), as aiohttp reports it.
         """
-        ct = self.headers.get("Content-Type")
+        ct = self._content_type
         if not ct:
             return "application/octet-stream"
-        return ct.split(";", 1)[0].strip().lower()
+        return ct.split(b";", 1)[0].strip().lower().decode("latin-1")
 
     def close(self) -> None:
         """Stop receiving: drop the connection unless the body was read to its end.
@@ -353,9 +370,7 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         resp = self.resp
         if resp is not None:
-            resp.headers.add(
-                name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
-            )
+            resp.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         resp = self.resp
@@ -365,12 +380,17 @@ class _Connection(asyncio.Protocol):
         resp.status = status
         if status < 200:
             return  # informational (e.g. 100 Continue): the real response follows
-        h = resp.headers
-        resp._until_eof = (
-            status not in (204, 304)
-            and "Content-Length" not in h
-            and "chunked" not in h.get("Transfer-Encoding", "").lower()
-        )
+        has_length = chunked = False
+        for name, value in resp.raw_headers:
+            low = name.lower()
+            if low == b"content-type":
+                if resp._content_type is None:
+                    resp._content_type = value
+            elif low == b"content-length":
+                has_length = True
+            elif low == b"transfer-encoding":
+                chunked = chunked or b"chunked" in value.lower()
+        resp._until_eof = status not in (204, 304) and not has_length and not chunked
         resp._head_done = True
         resp._wake()
 
@@ -384,7 +404,10 @@ class _Connection(asyncio.Protocol):
         if resp is None:
             return
         if resp.status < 200:
-            resp.headers = CIMultiDict()  # drop the informational response's headers
+            # Drop the informational response's headers.
+            resp.raw_headers = []
+            resp._headers = None
+            resp._content_type = None
             return
         # Not reusable if the server answered before taking the whole request (early
         # 413/400): our unsent body bytes would be read as the next request.
@@ -496,7 +519,7 @@ class HostPool:
         self,
         path: str,
         body: bytes,
-        headers: Iterable[tuple[str, str]],
+        headers: Iterable[tuple[str, str]] | bytes,
         *,
         deadline: float,
         connect_timeout_s: float,
@@ -509,9 +532,12 @@ class HostPool:
             Request target (percent-encoded where needed).
         body : bytes
             Request body; ``Content-Length`` is set from it.
-        headers : iterable of (str, str)
+        headers : iterable of (str, str), or bytes
             Extra request headers (``Host``, ``Content-Length``, ``Connection`` and
             ``Transfer-Encoding`` are set by the client; callers' values are dropped).
+            As bytes: header lines already encoded, each ending in CRLF, sent as they
+            are; the caller guarantees none of those names and no CR/LF inside a
+            name or value (true of headers relayed from an HTTP parser).
         deadline : float
             ``loop.time()`` by which the response headers must have arrived (waiting
             for a connection and connecting included).
@@ -565,13 +591,15 @@ class HostPool:
 
     # -- request encoding -------------------------------------------------------------------
 
-    def _encode(self, path: str, body: bytes, headers: Iterable[tuple[str, str]]) -> bytes:
+    def _encode(self, path: str, body: bytes, headers: Iterable[tuple[str, str]] | bytes) -> bytes:
         head = self._heads.get(path)
         if head is None:
             target = quote(path, safe=_PATH_SAFE)
             head = f"POST {target} HTTP/1.1\r\n{self._fixed}".encode("ascii")
             if len(self._heads) < _MAX_CACHED_PATHS:
                 self._heads[path] = head
+        if isinstance(headers, bytes):
+            return b"%b%bContent-Length: %d\r\n\r\n%b" % (head, headers, len(body), body)
         lines = [f"{k}: {v}\r\n" for k, v in headers if k.lower() not in _RESERVED]
         lines.append(f"Content-Length: {len(body)}\r\n\r\n")
         text = "".join(lines)

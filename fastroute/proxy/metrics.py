@@ -102,7 +102,11 @@ class ProxyMetrics:
             ["class", "reason"],
             registry=r,
         )
+        #: Requests being handled; a plain int (the request path adds ±1), read at scrape
+        #: time: a prometheus ``Gauge.inc`` takes a lock, twice per request.
+        self.in_flight_count = 0
         self.in_flight = Gauge("fastroute_proxy_in_flight", "Requests being handled.", registry=r)
+        self.in_flight.set_function(lambda: float(self.in_flight_count))
         self.table_generation = Gauge(
             "fastroute_proxy_table_generation",
             "Weight-table generation in use (0: capacity-proportional fallback).",
@@ -122,19 +126,30 @@ class ProxyMetrics:
         # Labelled children by label values: ``labels(...)`` validates and locks on every
         # call (~2 % of a worker's CPU per request); the label sets are few and fixed.
         self._request_children: dict[tuple[str, str, int], Any] = {}
+        # Responses counted since the last flush into ``requests``, by label values
+        # (bounded like the children: classes x engines x statuses).
+        self._request_counts: dict[tuple[str, str, int], int] = {}
         self._e2e_children: dict[tuple[str, str], Any] = {}
         self._ttft_children: dict[tuple[str, str], Any] = {}
         self._tbot_children: dict[tuple[str, str], Any] = {}
 
     def count_request(self, class_name: str, engine: str, status: int) -> None:
-        """``requests.labels(class_name, engine, str(status)).inc()``, child cached."""
+        """Count one response; folded into ``requests`` by :meth:`flush` (at scrape time)."""
         key = (class_name, engine, status)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(
-                class_name, engine, str(status)
-            )
-        child.inc()
+        counts = self._request_counts
+        counts[key] = counts.get(key, 0) + 1
+
+    def flush(self) -> None:
+        """Add the responses counted since the last flush to ``requests``."""
+        counts, self._request_counts = self._request_counts, {}
+        for key, n in counts.items():
+            child = self._request_children.get(key)
+            if child is None:
+                class_name, engine, status = key
+                child = self._request_children[key] = self.requests.labels(
+                    class_name, engine, str(status)
+                )
+            child.inc(n)
 
     def e2e_of(self, class_name: str, engine: str) -> Any:
         """``e2e.labels(class_name, engine)``, cached."""
@@ -149,7 +164,8 @@ class ProxyMetrics:
         return _child(self._tbot_children, self.tbot, class_name, engine)
 
     def render(self) -> bytes:
-        """The text exposition of every metric."""
+        """The text exposition of every metric (pending counts flushed first)."""
+        self.flush()
         return generate_latest(self.registry)
 
 

@@ -20,7 +20,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-__all__ = ["error_body", "error_response", "sse_error_event", "TYPE_BY_STATUS"]
+from fastroute.proxy.reply import Reply
+
+__all__ = ["error_body", "error_response", "error_reply", "sse_error_event", "TYPE_BY_STATUS"]
 
 #: The ``error.type`` OpenAI uses for each status the proxy returns.
 TYPE_BY_STATUS: dict[int, str] = {
@@ -84,6 +86,24 @@ def error_response(
     kind = type or TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "api_error")
     body = _encode(error_body(message, type=kind, param=param, code=code))
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def error_reply(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    type: str | None = None,  # noqa: A002 - OpenAI's field name
+    headers: Mapping[str, str] | None = None,
+) -> Reply:
+    """:func:`error_response` as a front-end independent :class:`~fastroute.proxy.reply.Reply`."""
+    kind = type or TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "api_error")
+    body = _encode(error_body(message, type=kind, param=param, code=code))
+    pairs = [("Content-Type", "application/json")]
+    if headers:
+        pairs.extend(headers.items())
+    return Reply(status, pairs, body)
 
 
 def sse_error_event(message: str, *, code: str | None = None, type: str = "server_error") -> bytes:  # noqa: A002

@@ -148,10 +148,15 @@ def _scrape_metrics(scraper: EngineScraper) -> Iterator[Metric]:
 
 
 def _engine_state(ctx: ProxyContext) -> tuple[Mapping[int, int], Mapping[int, bool]]:
+    """``(in_flight, ejected)`` by engine id for a report.
+
+    ``in_flight`` is this worker's share (its own attempts), not the host-wide count
+    of the stats block: every worker reports, and the controller adds the reports up.
+    """
     fleet = ctx.fleet
     ids = [int(i) for i in fleet.engine_ids]
     available = fleet.outlier.available_mask(fleet.clock())
-    in_flight = dict(zip(ids, (int(n) for n in fleet.in_flight), strict=True))
+    in_flight = dict(zip(ids, fleet.caps.counts(), strict=True))
     ejected = dict(zip(ids, (not bool(a) for a in available), strict=True))
     return in_flight, ejected
 

@@ -19,7 +19,9 @@ The supervisor (the process systemd or the user starts):
 5. restarts a worker that exits unexpectedly, after a backoff (:data:`RESTART_BACKOFF_S`
    doubling up to :data:`MAX_RESTART_BACKOFF_S`), at most :data:`MAX_RESTARTS` times in
    :data:`RESTART_WINDOW_S` — beyond that it shuts everything down and exits 1;
-6. unlinks the stats block at exit.
+6. unlinks the stats block at exit;
+7. tells systemd (``Type=notify``, :mod:`fastroute.systemd`) READY=1 once every worker
+   listens, RELOADING=1/READY=1 around a SIGHUP, STOPPING=1 when the drain starts.
 
 Workers die with the supervisor: they set ``PR_SET_PDEATHSIG = SIGTERM`` (drain) at
 start and exit if their parent is already gone.
@@ -44,6 +46,7 @@ from pathlib import Path
 from fastroute.config import Config, ConfigError, load_config
 from fastroute.errors import TableLockedError
 from fastroute.hashing import engine_id
+from fastroute.systemd import Notifier, pids_listening
 from fastroute.tables.stats import StatsBlock
 
 __all__ = [
@@ -137,6 +140,9 @@ class Supervisor:
         self._failed = False
         #: The stats block's name (``proxy.stats_name`` unless another proxy owns it).
         self.stats_name = config.proxy.stats_name
+        # systemd notify (fastroute.systemd; a no-op without $NOTIFY_SOCKET).
+        self._sd = Notifier.from_env()
+        self._sd_ready = False
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -214,9 +220,14 @@ class Supervisor:
                         logger.info("supervisor: %s, draining workers", signal.Signals(sig).name)
                         self._stopping = True
                     elif sig == signal.SIGHUP:
+                        if self._sd_ready:
+                            self._sd.reloading("reloading the workers")
                         self._reload()
+                        if self._sd_ready:
+                            self._sd.ready(self._sd_status())
                 if not self._stopping:
                     self._reap_and_restart()
+                    self._systemd_tick()
             self._shutdown(sel, rfd)
         finally:
             for slot in self._slots:  # never leave a worker behind, whatever happened
@@ -232,6 +243,7 @@ class Supervisor:
             os.close(wfd)
             reserve.close()
             stats.unlink()
+            self._sd.close()
         return 1 if self._failed else 0
 
     def _create_stats(self) -> StatsBlock:
@@ -297,7 +309,29 @@ class Supervisor:
             if slot.proc is None and slot.restart_at is not None and now >= slot.restart_at:
                 self._spawn(slot)
 
+    def _systemd_tick(self) -> None:
+        """sd_notify: READY=1 once every worker listens on the port, then STATUS= changes."""
+        if not self._sd.enabled:
+            return
+        self._sd.keepalive()
+        if self._sd_ready:
+            self._sd.status(self._sd_status())
+            return
+        live = [s.proc.pid for s in self._slots if s.proc is not None and s.proc.poll() is None]
+        listening = pids_listening(live, self.port)  # None: no /proc/net, trust "alive"
+        if len(live) == self.workers and (listening is None or len(listening) == self.workers):
+            self._sd_ready = True
+            self._sd.ready(self._sd_status())
+
+    def _sd_status(self) -> str:
+        live = sum(1 for s in self._slots if s.proc is not None and s.proc.poll() is None)
+        return f"{live}/{self.workers} workers running on {self.host}:{self.port}"
+
     def _shutdown(self, sel: selectors.BaseSelector, rfd: int) -> None:
+        self._sd.stopping(
+            "draining workers",
+            extend_timeout_s=self.config.proxy.drain_timeout_s + 3 * KILL_GRACE_S,
+        )
         live = [s.proc for s in self._slots if s.proc is not None and s.proc.poll() is None]
         for proc in live:
             with contextlib.suppress(ProcessLookupError):

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterable
 from urllib.parse import urlsplit
-
-from multidict import CIMultiDict
 
 from fastroute.config import Config, EngineConfig
 from fastroute.proxy import http1
@@ -144,7 +142,7 @@ class UpstreamPool:
         engine: EngineConfig,
         path: str,
         body: bytes,
-        headers: Mapping[str, str] | CIMultiDict[str],
+        headers: Iterable[tuple[str, str]] | bytes,
         deadline: float,
     ) -> http1.Response:
         """Send ``body`` to ``engine`` and wait for the response headers.
@@ -157,8 +155,9 @@ class UpstreamPool:
             Request path (``/v1/...``).
         body : bytes
             Request body (``POST``).
-        headers : Mapping or CIMultiDict
-            Headers to forward (hop-by-hop ones already removed by the caller).
+        headers : iterable of (str, str), or bytes
+            Headers to forward, hop-by-hop ones already removed by the caller (bytes:
+            encoded lines, see ``http1.HostPool.request``).
         deadline : float
             ``loop.time()`` by which the whole attempt must be over.
 
@@ -179,7 +178,7 @@ class UpstreamPool:
             return await pool.request(
                 path,
                 body,
-                headers.items(),
+                headers,
                 deadline=header_deadline,
                 connect_timeout_s=self.timeouts.connect_timeout_s,
             )

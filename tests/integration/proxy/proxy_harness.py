@@ -3,8 +3,10 @@
 Pattern: every test is a sync function that runs one coroutine with :func:`run`
 (``asyncio.run`` under a hard timeout). Inside, :func:`proxy_stack` starts an
 ``EmulatedFleet`` on ephemeral ports, writes a config naming those ports, and serves
-``make_app(config)`` through ``web.AppRunner`` + ``TCPSite`` on 127.0.0.1:0 with
-``handler_cancellation=True`` (as ``fastroute serve`` does). The official ``openai``
+``make_app(config)`` on 127.0.0.1:0 as ``fastroute serve`` does: started by
+``web.AppRunner.setup()`` and served by the lean server (:class:`LeanServer`); with
+``front="aiohttp"``, by aiohttp's own ``TCPSite`` with ``handler_cancellation=True``
+(the in-process path other components use). The official ``openai``
 client (sync, ``max_retries=0``) is called through ``asyncio.to_thread`` so the
 proxy and the engines keep running on the test's loop while it blocks.
 """
@@ -28,6 +30,7 @@ from fastroute.emulator.model import EngineConfig, OutputLengthDistribution
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.proxy.app import CONTEXT, make_app
 from fastroute.proxy.handler import ProxyContext
+from fastroute.proxy.server import LeanServer
 from fastroute.testing.waiting import wait_until
 
 MODEL = "demo-8b"
@@ -77,11 +80,12 @@ class Stack:
     app: web.Application
     runner: web.AppRunner
     url: str
-    closed: bool = False
+    server: LeanServer | None = None
 
     async def drain(self) -> None:
         """Shut the proxy down as SIGTERM does: stop listening, let requests finish."""
-        self.closed = True
+        if self.server is not None:
+            await self.server.drain(5.0)
         await self.runner.cleanup()
 
     @property
@@ -102,8 +106,12 @@ async def proxy_stack(
     table_name: str | None = None,
     engine_config: EngineConfig | None = None,
     timeouts: dict[str, float] | None = None,
+    front: str = "lean",
 ) -> AsyncIterator[Stack]:
-    """Start ``n_engines`` emulated engines and a proxy in front of them."""
+    """Start ``n_engines`` emulated engines and a proxy in front of them.
+
+    ``front`` is ``"lean"`` (``fastroute serve``'s server) or ``"aiohttp"``.
+    """
     specs = fleet_specs(
         n_engines,
         model_name=MODEL,
@@ -115,21 +123,34 @@ async def proxy_stack(
         config = decode_config(
             config_toml(fleet.urls, extra, table_name, timeouts), source="test.toml"
         )
-        app = make_app(config)
-        runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0
-        )
-        await runner.setup()
-        stack: Stack | None = None
-        try:
+        async with serve_proxy(config, front=front) as (app, runner, url, server):
+            yield Stack(fleet, config, app, runner, url, server)
+
+
+@contextlib.asynccontextmanager
+async def serve_proxy(
+    config: Config, *, front: str = "lean", keepalive_s: float = 75.0
+) -> AsyncIterator[tuple[web.Application, web.AppRunner, str, LeanServer | None]]:
+    """Serve ``make_app(config)`` on 127.0.0.1:0: (app, runner, url, lean server or None)."""
+    app = make_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    server: LeanServer | None = None
+    try:
+        if front == "aiohttp":
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
             port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            stack = Stack(fleet, config, app, runner, f"http://127.0.0.1:{port}")
-            yield stack
-        finally:
-            if stack is None or not stack.closed:
-                await runner.cleanup()
+        else:
+            assert front == "lean", front
+            server = LeanServer(app, keepalive_s=keepalive_s)
+            port = await server.start("127.0.0.1", 0)
+        yield app, runner, f"http://127.0.0.1:{port}", server
+    finally:
+        if server is not None and not server.draining:
+            await server.drain(1.0)
+        if runner.server is not None:  # not yet cleaned up by Stack.drain()
+            await runner.cleanup()
 
 
 async def read_sse(resp: aiohttp.ClientResponse) -> tuple[list[dict[str, Any]], bool]:

@@ -222,3 +222,31 @@ def test_proxy_embeddings_are_routed_and_relayed(h: Harness) -> None:
             assert "127.0.0.1" not in payload["error"]["message"]
 
     h.run(main())
+
+
+def test_requests_rejected_before_routing_have_decision_records(h: Harness) -> None:
+    """400 (bad JSON), 404 (unknown model) and 413 (too large) keep a decision record
+    that says why, found by the response's request id."""
+
+    async def main() -> None:
+        extra = "[limits]\nmax_body_bytes = 2048\n"
+        async with h.proxy_stack(1, extra=extra) as st, aiohttp.ClientSession() as s:
+            cases = [
+                (b'{"model": ', 400, "Invalid request body"),
+                (b'{"model": "no-such", "messages": []}', 404, "no-such"),
+                (b"{" + b" " * 4096 + b"}", 413, "larger than the limit"),
+            ]
+            for body, status, why in cases:
+                url = st.url + "/v1/chat/completions"
+                async with s.post(url, data=body) as resp:
+                    assert resp.status == status
+                    rid = resp.headers["x-request-id"]
+                async with s.get(st.url + f"/admin/decisions/{rid}") as resp:
+                    assert resp.status == 200
+                    record = await resp.json()
+                assert record["status"] == status and record["attempts"] == []
+                assert record["error"].startswith(f"rejected before routing (HTTP {status})")
+                assert why in record["error"]
+            assert record["model"] == ""  # 413: never parsed
+
+    h.run(main())

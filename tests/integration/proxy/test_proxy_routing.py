@@ -118,6 +118,7 @@ def test_proxy_decision_header_and_admin_record(h: Harness) -> None:
                 "status": 200,
                 "detail": None,
                 "duration_s": record["attempts"][0]["duration_s"],
+                "stage": None,
             }
         ]
         assert {"decided", "first_byte", "done"} <= set(record["timings"])

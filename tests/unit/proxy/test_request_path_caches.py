@@ -11,7 +11,7 @@ import numpy as np
 from fastroute.config import decode_config
 from fastroute.proxy.decisions import DecisionLog, DecisionRecord
 from fastroute.proxy.fleet import Fleet
-from fastroute.proxy.handler import _filter_headers, new_request_id
+from fastroute.proxy.handler import _header_lines, new_request_id
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.outlier import Outcome
 
@@ -117,11 +117,12 @@ def test_ejection_reasons_cached_per_version() -> None:
 def test_filter_headers_cache_gives_same_answer() -> None:
     """Filter headers cache gives same answer."""
     drop = frozenset({"host", "connection"})
-    items = [("Host", "x"), ("X-Fastroute-Zone", "us"), ("X-Request-Id", "a"), ("A", "1")]
-    verdicts: dict[str, bool] = {}
+    items = [(b"Host", b"x"), (b"X-Fastroute-Zone", b"us"), (b"X-Request-Id", b"a"), (b"A", b"1")]
+    verdicts: dict[bytes, bool] = {}
     for _ in range(2):
-        assert _filter_headers(items, drop, verdicts) == [("A", "1")]
-    assert verdicts == {"Host": False, "X-Fastroute-Zone": False, "X-Request-Id": False, "A": True}
+        assert _header_lines(items, drop, verdicts) == [b"A: 1\r\n"]
+    assert verdicts == {b"Host": False, b"X-Fastroute-Zone": False, b"X-Request-Id": False,
+                        b"A": True}  # fmt: skip
 
 
 def test_deferred_decision_rendered_on_read() -> None:
@@ -144,10 +145,15 @@ def test_deferred_decision_rendered_on_read() -> None:
 
 
 def test_metric_children_cached() -> None:
-    """Metric children cached."""
+    """Metric children cached; counted responses reach the exposition at scrape time."""
     metrics = ProxyMetrics(lambda: None)
     for _ in range(3):
         metrics.count_request("chat", "e0", 200)
-    assert metrics.requests.labels("chat", "e0", "200")._value.get() == 3.0
+    metrics.in_flight_count = 2
+    text = metrics.render()
+    assert b'fastroute_proxy_requests_total{class="chat",engine="e0",status="200"} 3.0' in text
+    assert b"fastroute_proxy_in_flight 2.0" in text
+    metrics.count_request("chat", "e0", 200)
+    assert b'status="200"} 4.0' in metrics.render()  # flushes add, never reset
     assert metrics.e2e_of("chat", "e0") is metrics.e2e.labels("chat", "e0")
     assert metrics.ttft_of("c", "e") is metrics.ttft_of("c", "e")

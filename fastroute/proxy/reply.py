@@ -1,0 +1,79 @@
+"""What the request path produces, independent of the HTTP server in front of it.
+
+The proxy has two front ends over one request path (:mod:`fastroute.proxy.handler`):
+the lean HTTP/1.1 server of ``fastroute serve`` (:mod:`fastroute.proxy.server`) and
+the aiohttp application (:func:`fastroute.proxy.app.make_app`, used in-process). A
+handler returns a :class:`Reply`; a streamed response goes through a :class:`Sink`
+the front end provides, and the handler then returns a ``Reply`` with
+``streamed=True`` (status only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Reply", "Sink", "Headers", "raw_head_pairs"]
+
+#: Response headers as (name, value) pairs, in order.
+Headers = list[tuple[str, str]]
+
+
+@dataclass(slots=True)
+class Reply:
+    """A whole response, or the status of one already streamed through a :class:`Sink`.
+
+    Attributes
+    ----------
+    status : int
+        HTTP status.
+    headers : list of (str, str)
+        Headers to send (the front end adds ``Content-Length``, ``x-request-id`` and
+        ``x-fastroute-worker``).
+    body : bytes
+        The body (empty when ``streamed``).
+    streamed : bool
+        The response was already sent through the sink.
+    raw_head : bytes
+        More header lines, already encoded (each ``name: value\r\n``; relayed from an
+        engine without decoding them), sent before ``headers``.
+    """
+
+    status: int
+    headers: Headers
+    body: bytes = b""
+    streamed: bool = False
+    raw_head: bytes = b""
+
+
+def raw_head_pairs(raw: bytes) -> Headers:
+    """The (name, value) pairs of encoded header lines (:attr:`Reply.raw_head`)."""
+    pairs: Headers = []
+    for line in raw.split(b"\r\n"):
+        if line:
+            name, _, value = line.partition(b":")
+            pairs.append(
+                (
+                    name.decode("utf-8", "surrogateescape"),
+                    value.strip().decode("utf-8", "surrogateescape"),
+                )
+            )
+    return pairs
+
+
+class Sink(Protocol):
+    """Where a streamed response is written (chunked transfer encoding on HTTP/1.1).
+
+    ``write`` waits while the client is slow (back-pressure: nothing is buffered beyond
+    the transport's high-water mark) and raises :class:`ConnectionResetError` once the
+    client is gone.
+    """
+
+    async def start(self, status: int, headers: Headers, raw_head: bytes = b"") -> None:
+        """Send the status line, ``raw_head`` (encoded lines) and ``headers``."""
+
+    async def write(self, data: bytes) -> None:
+        """Send one chunk of the body."""
+
+    async def end(self) -> None:
+        """Finish the body."""
