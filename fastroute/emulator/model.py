@@ -628,6 +628,91 @@ class EngineModel:
         self._emit(result)
         return result
 
+    def fast_forward(
+        self, now_s: float, until_s: float = math.inf, *, dry_run: bool = False
+    ) -> tuple[int, float, float]:
+        """Run, in closed form, the decode-only steps that nobody can observe.
+
+        When only decodes run (nothing waiting or loading), the next
+        ``min(remaining outputs) − 1`` steps emit no first and no last token: each
+        adds one token to every running request and its duration follows
+        ``b0 + b1·B + b2·(S0 + j·B)``. This applies the steps that *start* before
+        ``until_s`` at once — the same state, counters and float step times as that
+        many :meth:`step` calls — provided the KV blocks they need can be allocated
+        (otherwise a step would preempt, and the caller must :meth:`step`).
+
+        Parameters
+        ----------
+        now_s : float
+            Start of the first step (``>=`` the end of the previous one).
+        until_s : float
+            Only steps starting strictly before this are applied (the caller's next event).
+        dry_run : bool
+            Only compute what would be applied; change nothing. Until the model is
+            next touched, applying with ``until_s`` = the returned ``end_s`` then
+            applies exactly those steps.
+
+        Returns
+        -------
+        (steps, end_s, busy_s) : (int, float, float)
+            Steps applied (0 if none could be), when the last one ends (the next
+            step's earliest start; ``now_s`` if none), and their total duration.
+        """
+        running = self._running
+        # Held KV (P/D) may expire mid-run and change what allocation evicts: step() then.
+        if self._waiting or self._loading or self._held or not running or now_s >= until_s:
+            return 0, now_s, 0.0
+        if now_s < self._busy_until_s - 1e-12:
+            raise ValueError(
+                f"step at {now_s} before the previous step ends ({self._busy_until_s})"
+            )
+        n_dec = len(running)
+        if n_dec > self.max_num_batched_tokens:
+            return 0, now_s, 0.0
+        k = 1 << 62
+        s_dec = 0
+        for req in running:
+            total = req.num_prompt_tokens + req.num_output
+            if not req.num_output or req.num_computed + 1 != total:
+                return 0, now_s, 0.0  # a prefill chunk or recompute is in the batch
+            left = req.output_tokens - req.num_output
+            if left < k:
+                k = left
+            s_dec += total
+        k -= 1  # the step emitting somebody's last token is left to step()
+        if k <= 0:
+            return 0, now_s, 0.0
+        p = self.profile
+        slowdown = self.slowdown
+        t = t_prev = now_s
+        steps = 0
+        # step()'s float expression, (b0 + b1·B) + b2·S (its prefill terms add exact
+        # zeros), so the times match a step-by-step run bit for bit.
+        c0 = p.b0_s + p.b1_s * n_dec
+        b2 = p.b2_s
+        while steps < k and t < until_s:
+            t_prev = t
+            t = t + slowdown * (c0 + b2 * s_dec)
+            s_dec += n_dec
+            steps += 1
+        need = 0
+        for req in running:
+            need += -(-(req.num_computed + steps) // _BS) - len(req.cached_hashes) - req.num_private
+        if dry_run:
+            return (steps, t, t - now_s) if need <= self.kv.num_available else (0, now_s, 0.0)
+        if need > 0 and not self.kv.allocate(need):
+            return 0, now_s, 0.0
+        for req in running:
+            req.num_private = -(-(req.num_computed + steps) // _BS) - len(req.cached_hashes)
+            req.num_computed += steps
+            req.num_output += steps
+            req.last_itl_s = t - (t_prev if steps > 1 else req.last_token_s)
+            req.last_token_s = t
+        self.generation_tokens_total += steps * n_dec
+        self.num_steps_total += steps
+        self._busy_until_s = t
+        return steps, t, t - now_s
+
     # -- internals -----------------------------------------------------------------------------
     def _admit(self, now_s: float, budget: int, emitted: list[Request]) -> tuple[int, int, int]:
         """Admit waiting requests into the batch; return their prefill work (Σn, Σn², Σn·c)."""

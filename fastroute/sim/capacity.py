@@ -1,0 +1,81 @@
+"""Engine capacity (req/s at ρ = 1) and idle latencies, from the performance model.
+
+Capacity is *measured*, not guessed: :func:`estimate_capacity_rps` replays a batch of
+the workload's own request shapes, all arriving at once, through a fresh
+:class:`~fastroute.emulator.model.EngineModel` and takes the completion rate up to
+the 90th-percentile completion (the drain tail, when the batch empties, is excluded).
+Prompts get unique block hashes, so the figure is the capacity *without* prefix-cache
+reuse: routing that keeps sessions on their engine gains headroom above it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+
+from fastroute.emulator.model import EngineConfig, EngineModel, Request, replay
+from fastroute.emulator.profiles import HardwareProfile
+from fastroute.workload import Session
+
+__all__ = ["request_shapes", "estimate_capacity_rps", "idle_latencies"]
+
+# Template tokens per message (header + end-of-turn), close enough for shapes.
+_MESSAGE_OVERHEAD_TOKENS = 10
+
+
+def request_shapes(sessions: Sequence[Session], n: int, seed: int = 0) -> list[tuple[int, int]]:
+    """Sample ``n`` (prompt tokens, output tokens) pairs of the sessions' requests.
+
+    Each turn's prompt includes the whole previous context (replies at ``max_tokens``).
+    """
+    shapes: list[tuple[int, int]] = []
+    for s in sessions:
+        ctx = len(s.system_prompt) // 4 + (_MESSAGE_OVERHEAD_TOKENS if s.system_prompt else 5)
+        for t in s.turns:
+            prompt = ctx + t.user_tokens + 2 * _MESSAGE_OVERHEAD_TOKENS
+            shapes.append((prompt, t.max_tokens))
+            ctx = prompt + t.max_tokens
+    if not shapes:
+        return []
+    rng = random.Random(seed)
+    return [shapes[rng.randrange(len(shapes))] for _ in range(n)]
+
+
+def estimate_capacity_rps(
+    profile: HardwareProfile,
+    config: EngineConfig,
+    shapes: Sequence[tuple[int, int]],
+) -> float:
+    """Saturated completion rate of one engine on ``shapes`` (req/s).
+
+    Raises
+    ------
+    ValueError
+        No shapes, or none of them fits the engine.
+    """
+    model = EngineModel(profile, replace(config, max_waiting=max(config.max_waiting, len(shapes))))
+    arrivals = []
+    for i, (prompt, out) in enumerate(shapes):
+        prompt = min(prompt, model.max_model_len - out - 1)
+        if prompt < 1:
+            continue
+        # Unique (fake) block hashes: no prefix-cache reuse between requests.
+        hashes = [hash((i, b)) & (2**63 - 1) for b in range(prompt // 16)]
+        arrivals.append((0.0, Request(f"cal-{i}", prompt, hashes, output_tokens=out)))
+    if not arrivals:
+        raise ValueError("no request shape fits the engine")
+    done = replay(model, arrivals)
+    finish = sorted(r.finish_s for r in done if r.finish_s is not None)
+    k = max(1, int(0.9 * len(finish)))
+    return k / max(finish[k - 1], 1e-9)
+
+
+def idle_latencies(
+    profile: HardwareProfile, mean_prompt_tokens: float, mean_context_tokens: float
+) -> tuple[float, float]:
+    """(TTFT, TBOT) in seconds of a typical request alone on an idle engine."""
+    return (
+        profile.prefill_time_s(max(1, round(mean_prompt_tokens))),
+        profile.decode_time_s(1, max(1, round(mean_context_tokens))),
+    )

@@ -1,0 +1,253 @@
+"""Simulated engines and data planes: thin state around the shared code.
+
+:class:`SimEngine` wraps one :class:`~fastroute.emulator.model.EngineModel` (the
+emulator's performance model, unchanged) with what the simulator needs around it:
+region, role, fault state, busy time. :class:`DataPlane` is one region's router built
+from the proxy's own pieces — a policy from :func:`fastroute.policy.make_policy`, a
+:class:`~fastroute.policy.StaticFleetView` over the pulled table,
+:class:`~fastroute.proxy.retry_budget.RetryBudget`,
+:class:`~fastroute.proxy.outlier.OutlierDetector`,
+:func:`~fastroute.proxy.admission.should_shed` and
+:class:`~fastroute.proxy.admission.QueueDelayGuard` — all driven by the virtual clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fastroute.emulator.model import EngineConfig, EngineModel
+from fastroute.emulator.profiles import HardwareProfile
+from fastroute.policy import Policy, StaticFleetView, make_policy
+from fastroute.proxy.admission import QueueDelayGuard
+from fastroute.proxy.outlier import OutlierDetector
+from fastroute.proxy.retry_budget import RetryBudget
+from fastroute.sim.scenario import DataPlaneConfig
+
+__all__ = ["SimEngine", "DataPlane"]
+
+
+class SimEngine:
+    """One engine: the performance model plus fault state and accounting."""
+
+    __slots__ = (
+        "index",
+        "name",
+        "engine_id",
+        "group",
+        "region",
+        "model_name",
+        "role",
+        "profile",
+        "config",
+        "model",
+        "seed",
+        "up",
+        "generation",
+        "step_token",
+        "step_at",
+        "lazy_from",
+        "slowdown",
+        "error_rate",
+        "busy_s",
+        "live",
+        "capacity_rps",
+        "steps",
+        "preemptions_lost",
+        "cache_hits_lost",
+        "cache_queries_lost",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        engine_id: int,
+        group: str,
+        region: str,
+        model_name: str,
+        role: str,
+        profile: HardwareProfile,
+        config: EngineConfig,
+        seed: int,
+    ) -> None:
+        self.index = index
+        self.name = name
+        self.engine_id = engine_id
+        self.group = group
+        self.region = region
+        self.model_name = model_name
+        self.role = role
+        self.profile = profile
+        self.config = config
+        self.seed = seed
+        self.model = EngineModel(profile, config, seed=seed)
+        self.up = True
+        self.generation = 0
+        self.step_token = 0
+        self.step_at: float | None = None
+        # Start of a run of unobservable decode steps not yet applied (decode fast-forward).
+        self.lazy_from: float | None = None
+        self.slowdown = 1.0
+        self.error_rate = 0.0
+        self.busy_s = 0.0
+        self.live: dict[str, Any] = {}
+        self.capacity_rps = 0.0
+        self.steps = 0
+        # Counters of models discarded by crashes (a restart starts a fresh model).
+        self.preemptions_lost = 0
+        self.cache_hits_lost = 0
+        self.cache_queries_lost = 0
+
+    def restart_model(self) -> None:
+        """Replace the model by a fresh one (a crash loses the KV cache and every request)."""
+        m = self.model
+        self.preemptions_lost += m.num_preemptions_total
+        self.cache_hits_lost += m.prefix_cache_hits_total
+        self.cache_queries_lost += m.prefix_cache_queries_total
+        self.generation += 1
+        self.model = EngineModel(self.profile, self.config, seed=self.seed + self.generation)
+        self.model.slowdown = self.slowdown
+        self.live.clear()
+        self.step_at = None
+        self.lazy_from = None
+        self.step_token += 1  # a step event of the old model must not run the new one
+
+    def sync(self, now_s: float) -> int:
+        """Apply the pending fast-forwarded decode steps that start before ``now_s``.
+
+        Call before anything touches the model at ``now_s`` (submit, fault, stats);
+        the caller then re-schedules the engine's next step. Returns the steps applied.
+        """
+        start = self.lazy_from
+        if start is None:
+            return 0
+        self.lazy_from = None
+        k, _, busy = self.model.fast_forward(start, now_s)
+        self.busy_s += busy
+        self.steps += k
+        return k
+
+    @property
+    def preemptions_total(self) -> int:
+        """Preemptions over the whole run (all model generations)."""
+        return self.preemptions_lost + self.model.num_preemptions_total
+
+    @property
+    def cache_hit_tokens(self) -> tuple[int, int]:
+        """(hit, queried) prompt tokens of the prefix cache over the whole run."""
+        m = self.model
+        return (
+            self.cache_hits_lost + m.prefix_cache_hits_total,
+            self.cache_queries_lost + m.prefix_cache_queries_total,
+        )
+
+
+class DataPlane:
+    """One region's router, made of the proxy's own policy and guard objects.
+
+    Parameters
+    ----------
+    index : int
+        Data-plane number.
+    region : str
+        Its region (clients of this region use it).
+    policy_name : str
+        Registered policy.
+    config : DataPlaneConfig
+    engine_ids : sequence of int
+        Table order of the engines.
+    weights : ndarray, shape (n_rows, n_engines)
+        Initial table.
+    pool_ids : sequence of int
+        Pool of each engine for the ejection cap (its model).
+    """
+
+    def __init__(
+        self,
+        index: int,
+        region: str,
+        policy_name: str,
+        config: DataPlaneConfig,
+        engine_ids: list[int],
+        weights: np.ndarray,
+        pool_ids: list[int],
+    ) -> None:
+        self.index = index
+        self.region = region
+        self.config = config
+        self.policy: Policy = make_policy(policy_name, **config.policy_params)
+        self.engine_ids = engine_ids
+        n = len(engine_ids)
+        self.loads = np.zeros(n, dtype=np.int64)
+        self.token_loads = np.zeros(n, dtype=np.int64)
+        self.view = self._make_view(weights)
+        self.shed_fraction = np.zeros(weights.shape[0])
+        self.table_version = 0
+        self.budget = RetryBudget(
+            ratio=config.retry_ratio,
+            min_retries_per_s=config.min_retries_per_s,
+            ttl_s=config.retry_ttl_s,
+            max_retries=config.max_attempts - 1,
+        )
+        self.outlier = (
+            OutlierDetector(
+                n,
+                consecutive_failures=config.consecutive_failures,
+                base_ejection_s=config.base_ejection_s,
+                pool_ids=pool_ids,
+            )
+            if config.outlier_ejection
+            else None
+        )
+        self.mask_version = -1
+        self.guard = (
+            QueueDelayGuard(
+                config.max_concurrency,
+                target_s=config.guard_target_s,
+                interval_s=config.guard_interval_s,
+                max_wait_s=config.guard_max_wait_s,
+            )
+            if config.shedding and config.max_concurrency
+            else None
+        )
+        self.waiting: dict[int, Any] = {}  # guard ticket -> request
+
+    def _make_view(
+        self, weights: np.ndarray, published_loads: np.ndarray | None = None
+    ) -> StaticFleetView:
+        view = StaticFleetView(self.engine_ids, weights)
+        if self.config.load_view == "global-stale" and published_loads is not None:
+            # Every data plane sees the same fleet-wide snapshot until the next table.
+            view.loads = published_loads
+        else:
+            # The owner updates these arrays in place; keep them across tables.
+            view.loads = self.loads
+            view.token_loads = self.token_loads
+        return view
+
+    def set_table(
+        self,
+        weights: np.ndarray,
+        shed_fraction: np.ndarray,
+        version: int,
+        published_loads: np.ndarray | None = None,
+    ) -> None:
+        """Apply a pulled table (ignored if older than the one in use)."""
+        if version <= self.table_version:
+            return
+        self.table_version = version
+        self.view = self._make_view(weights, published_loads)
+        self.shed_fraction = shed_fraction
+        self.mask_version = -1  # re-apply the ejection mask to the new view
+
+    def refresh_mask(self, now_s: float) -> None:
+        """Push the ejection mask into the view if it changed."""
+        outlier = self.outlier
+        if outlier is None:
+            return
+        version = outlier.version_at(now_s)
+        if version != self.mask_version:
+            self.mask_version = version
+            self.view.set_available(outlier.available_mask(now_s).astype(bool))

@@ -1,0 +1,470 @@
+"""Scenario files: one TOML document describes a whole simulated deployment.
+
+Sections (all optional except ``[[engines]]``; field reference in docs/simulator.md):
+``[slo]``, ``[[regions]]``, ``[network]``, ``[[engines]]``, ``[workload]`` (a
+:class:`~fastroute.workload.ChatWorkload`) or ``[trace]``, ``[dataplane]``,
+``[control]``, ``[[faults]]``. Decoded with ``msgspec.convert`` into frozen Structs
+that reject unknown keys, then checked across fields (names unique, references resolve).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from fastroute.emulator.profiles import PROFILES
+from fastroute.sim.metrics import Slo
+from fastroute.workload import ChatWorkload, WorkloadError
+
+__all__ = [
+    "ScenarioError",
+    "Region",
+    "Network",
+    "EngineGroup",
+    "TraceSource",
+    "DataPlaneConfig",
+    "ControlConfig",
+    "Fault",
+    "Scenario",
+    "Variant",
+    "load_scenario",
+    "load_scenario_dict",
+    "apply_settings",
+    "parse_setting",
+]
+
+_OPTS: dict[str, Any] = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True}
+
+
+class ScenarioError(WorkloadError):
+    """A scenario file that cannot be simulated (the message names the file and the field)."""
+
+
+class Region(msgspec.Struct, **_OPTS):
+    """A region: where engines run and clients (one data plane per region) come from.
+
+    Attributes
+    ----------
+    name : str
+        Region name (workload ``sources`` refer to it).
+    """
+
+    name: str
+
+
+class Network(msgspec.Struct, **_OPTS):
+    """One-way network latency between regions (client/proxy ↔ engine, engine ↔ engine).
+
+    Attributes
+    ----------
+    intra_region_ms : float
+        Latency inside a region.
+    inter_region_ms : float
+        Latency between two regions not listed in ``latency_ms``.
+    latency_ms : dict
+        ``{from: {to: ms}}`` overrides (symmetric if only one direction is given).
+    """
+
+    intra_region_ms: float = 0.5
+    inter_region_ms: float = 40.0
+    latency_ms: dict[str, dict[str, float]] = {}
+
+
+class EngineGroup(msgspec.Struct, **_OPTS):
+    """``count`` identical engines named ``{name}-{i}``.
+
+    Attributes
+    ----------
+    name : str
+        Group name (engine name prefix).
+    count : int
+        Engines in the group, ≥ 1.
+    region : str
+        Region they run in (default: the first region).
+    profile : str
+        Hardware profile (:data:`fastroute.emulator.profiles.PROFILES`).
+    model : str
+        Model they serve.
+    role : {"mixed", "prefill", "decode"}
+        Mixed engines serve whole requests; a model with prefill and decode groups is
+        served disaggregated (prefill with KV held, then decode with the KV transferred).
+    max_num_seqs : int
+        vLLM ``max_num_seqs``.
+    max_num_batched_tokens : int or None
+        Token budget per step (profile default if None).
+    num_blocks : int or None
+        Override the KV capacity in 16-token blocks.
+    max_waiting : int
+        Engine waiting-queue bound (beyond it attempts get 429).
+    enable_prefix_caching : bool
+        vLLM prefix caching.
+    capacity_rps : float or None
+        Capacity the control plane assumes (req/s at ρ = 1); estimated by a saturating
+        replay of the workload's requests if None.
+    """
+
+    name: str
+    count: int = 1
+    region: str = ""
+    profile: str = "h100"
+    model: str = "demo-8b"
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    num_blocks: int | None = None
+    max_waiting: int = 1024
+    enable_prefix_caching: bool = True
+    capacity_rps: float | None = None
+
+
+class TraceSource(msgspec.Struct, **_OPTS):
+    """Replay a trace instead of generating sessions (:func:`fastroute.workload.load_trace`).
+
+    Attributes
+    ----------
+    path : str
+        CSV/JSONL file, relative to the scenario file.
+    limit : int or None
+        Records to read.
+    time_scale : float
+        Inter-arrival time multiplier.
+    sources : tuple of str
+        Regions assigned round-robin (default: all regions).
+    model : str
+        Model of records that name none.
+    """
+
+    path: str
+    limit: int | None = None
+    time_scale: float = 1.0
+    sources: tuple[str, ...] = ()
+    model: str = "demo-8b"
+
+
+class DataPlaneConfig(msgspec.Struct, **_OPTS):
+    """The per-region router: policy, failover, retry budget, ejection, shedding.
+
+    Attributes
+    ----------
+    policy : str
+        Registered policy name (overridden by ``--policy``).
+    policy_params : dict
+        The policy's tunables.
+    k : int
+        Failover ranking length.
+    retry : {"budget", "fixed", "none"}
+        ``budget``: retries allowed by :class:`~fastroute.proxy.retry_budget.RetryBudget`
+        up to ``max_attempts``; ``fixed``: always retry up to ``max_attempts``.
+    max_attempts : int
+        Attempts per request including the first.
+    retry_ratio, min_retries_per_s, retry_ttl_s : float
+        Retry budget parameters.
+    outlier_ejection : bool
+        Local consecutive-failure ejection (:class:`~fastroute.proxy.outlier.OutlierDetector`).
+    consecutive_failures : int
+        Failures in a row that eject.
+    base_ejection_s : float
+        First ejection length.
+    shedding : bool
+        Apply the control plane's sticky shed fractions and the queue-delay guard.
+    max_concurrency : int or None
+        Queue-delay guard slots per data plane (None: no guard).
+    guard_target_s, guard_interval_s, guard_max_wait_s : float
+        Queue-delay guard parameters.
+    connect_timeout_s : float
+        How long an attempt to an unreachable engine takes to fail.
+    load_view : {"local", "global-stale"}
+        What load-aware policies see as in-flight counts: this data plane's own
+        (``local``, as the proxy does), or the fleet-wide counts the control plane
+        published with the last table (``global-stale``: the herd experiment).
+    """
+
+    policy: str = "weighted-hrw"
+    policy_params: dict[str, Any] = {}
+    k: int = 3
+    retry: Literal["budget", "fixed", "none"] = "budget"
+    max_attempts: int = 2
+    retry_ratio: float = 0.1
+    min_retries_per_s: float = 2.0
+    retry_ttl_s: float = 10.0
+    outlier_ejection: bool = True
+    consecutive_failures: int = 5
+    base_ejection_s: float = 30.0
+    shedding: bool = True
+    max_concurrency: int | None = None
+    guard_target_s: float = 0.05
+    guard_interval_s: float = 0.5
+    guard_max_wait_s: float = 5.0
+    connect_timeout_s: float = 0.5
+    load_view: Literal["local", "global-stale"] = "local"
+
+
+class ControlConfig(msgspec.Struct, **_OPTS):
+    """The control-plane loop.
+
+    Attributes
+    ----------
+    optimiser : str
+        ``"static"`` (capacity-proportional), ``"nearest"`` (own region only), or a name
+        :mod:`controller.sim_optimiser` provides (``"lp"``, ``"p-controller"``).
+    params : dict
+        Keyword arguments of the optimiser factory.
+    period_s : float
+        Control period T.
+    lag_periods : int
+        Signal lag D: the optimiser sees the window that ended D periods ago.
+    pull_jitter_s : float
+        Each data plane picks up a new table uniformly within this delay.
+    """
+
+    optimiser: str = "static"
+    params: dict[str, Any] = {}
+    period_s: float = 5.0
+    lag_periods: int = 0
+    pull_jitter_s: float = 0.5
+
+
+class Fault(msgspec.Struct, **_OPTS):
+    """An injected fault during ``[start_s, start_s + duration_s)``.
+
+    Attributes
+    ----------
+    kind : {"crash", "slowdown", "errors", "partition", "controller-outage", "spike"}
+        Engine crash (in-flight attempts fail, cache lost), step-time multiplier,
+        error probability per attempt (fails at its first token), regions cut off from
+        each other, no control updates, demand multiplier.
+    start_s, duration_s : float
+        Window.
+    engines : tuple of str
+        Engines affected (crash, slowdown, errors); group names select whole groups.
+    regions : tuple of str
+        ``partition``: two or more regions cut from each other; ``spike``: sources
+        affected (empty = all).
+    factor : float
+        ``slowdown`` multiplier or ``spike`` rate multiplier.
+    error_rate : float
+        ``errors``: probability an attempt fails.
+    """
+
+    kind: Literal["crash", "slowdown", "errors", "partition", "controller-outage", "spike"]
+    start_s: float = 0.0
+    duration_s: float = 1e12
+    engines: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+    factor: float = 3.0
+    error_rate: float = 0.5
+
+
+class Variant(msgspec.Struct, **_OPTS):
+    """One arm of ``fastroute sim compare``: a label and the settings it changes.
+
+    Attributes
+    ----------
+    name : str
+        Label in the comparison.
+    policy : str or None
+        Policy of this arm (default: the command's or the scenario's).
+    set : dict
+        Dotted scenario keys to values, e.g. ``{"dataplane.retry" = "fixed"}``.
+    """
+
+    name: str
+    policy: str | None = None
+    set: dict[str, Any] = {}
+
+
+class Scenario(msgspec.Struct, **_OPTS):
+    """A simulated deployment and its workload.
+
+    Attributes
+    ----------
+    name : str
+        Label in reports.
+    description : str
+        What the scenario shows.
+    duration_s : float
+        New sessions start in ``[0, duration_s)``.
+    drain_s : float
+        Extra time for sessions still running; whatever is unfinished then is counted
+        ``failed`` with reason ``"unfinished"``.
+    warmup_s : float
+        Requests arriving before this are excluded from the metrics.
+    seed : int
+        Default seed (``--seed`` overrides).
+    target_load : float or None
+        If set, the session rate is scaled so that offered requests/s equal this
+        fraction of the fleet's total capacity.
+    slo : Slo
+    regions : tuple of Region
+    network : Network
+    engines : tuple of EngineGroup
+    workload : ChatWorkload
+    trace : TraceSource or None
+    dataplane : DataPlaneConfig
+    control : ControlConfig
+    faults : tuple of Fault
+    variants : tuple of Variant
+        Arms of ``fastroute sim compare`` (empty: one arm per ``--policies`` entry).
+    base_dir : str
+        Directory relative trace paths start from (set by :func:`load_scenario`).
+    """
+
+    name: str = "scenario"
+    description: str = ""
+    duration_s: float = 300.0
+    drain_s: float = 300.0
+    warmup_s: float = 0.0
+    seed: int = 1
+    target_load: float | None = None
+    slo: Slo = Slo()
+    regions: tuple[Region, ...] = (Region(name="local"),)
+    network: Network = Network()
+    engines: tuple[EngineGroup, ...] = ()
+    workload: ChatWorkload = ChatWorkload()
+    trace: TraceSource | None = None
+    dataplane: DataPlaneConfig = DataPlaneConfig()
+    control: ControlConfig = ControlConfig()
+    faults: tuple[Fault, ...] = ()
+    variants: tuple[Variant, ...] = ()
+    base_dir: str = ""
+
+
+def _check(s: Scenario, where: str) -> None:
+    def bad(msg: str) -> None:
+        raise ScenarioError(f"{where}: {msg}")
+
+    regions = [r.name for r in s.regions]
+    if not regions or len(set(regions)) != len(regions):
+        bad(f"regions must be non-empty and unique, got {regions}")
+    if not s.engines:
+        bad("at least one [[engines]] group is needed")
+    names = [g.name for g in s.engines]
+    if len(set(names)) != len(names):
+        bad(f"engine group names must be unique, got {names}")
+    for g in s.engines:
+        if g.count < 1:
+            bad(f"engines {g.name!r}: count must be >= 1")
+        if g.region and g.region not in regions:
+            bad(f"engines {g.name!r}: unknown region {g.region!r}; regions: {regions}")
+        if g.profile.lower() not in PROFILES:
+            bad(
+                f"engines {g.name!r}: unknown profile {g.profile!r}; choose from {sorted(PROFILES)}"
+            )
+    models = {g.model for g in s.engines}
+    for src in s.workload.sources:
+        if src.name not in regions:
+            bad(f"workload source {src.name!r} is not a region; regions: {regions}")
+    for m in s.workload.models:
+        if m.name not in models and s.trace is None:
+            bad(f"workload model {m.name!r} is served by no engine group")
+    for m in models:
+        roles = {g.role for g in s.engines if g.model == m}
+        if "mixed" in roles and roles != {"mixed"}:
+            bad(f"model {m!r}: mix of mixed and prefill/decode groups is not supported")
+        if roles & {"prefill", "decode"} and roles != {"prefill", "decode"}:
+            bad(f"model {m!r}: disaggregated serving needs both prefill and decode groups")
+    if not (s.duration_s > 0 and s.drain_s >= 0 and 0 <= s.warmup_s < s.duration_s):
+        bad("need duration_s > 0, drain_s >= 0 and 0 <= warmup_s < duration_s")
+    if s.target_load is not None and not s.target_load > 0:
+        bad("target_load must be > 0")
+    c = s.control
+    if not (c.period_s > 0 and c.lag_periods >= 0 and c.pull_jitter_s >= 0):
+        bad("control needs period_s > 0, lag_periods >= 0, pull_jitter_s >= 0")
+    d = s.dataplane
+    if d.k < 1 or d.max_attempts < 1:
+        bad("dataplane needs k >= 1 and max_attempts >= 1")
+    groups = set(names)
+    engine_names = {f"{g.name}-{i}" for g in s.engines for i in range(g.count)}
+    for f in s.faults:
+        for e in f.engines:
+            if e not in groups and e not in engine_names:
+                bad(f"fault {f.kind!r}: unknown engine or group {e!r}")
+        for r in f.regions:
+            if r not in regions:
+                bad(f"fault {f.kind!r}: unknown region {r!r}")
+        if f.kind == "partition" and len(f.regions) < 2:
+            bad("a partition fault needs at least two regions")
+        if f.kind in ("crash", "slowdown", "errors") and not f.engines:
+            bad(f"fault {f.kind!r} needs engines")
+        if not (0 <= f.error_rate <= 1 and f.factor > 0 and f.duration_s > 0):
+            bad(f"fault {f.kind!r}: need 0 <= error_rate <= 1, factor > 0, duration_s > 0")
+
+
+def scenario_from_dict(data: dict[str, Any], where: str = "scenario") -> Scenario:
+    """Convert and check a decoded TOML document.
+
+    Raises
+    ------
+    ScenarioError
+        Wrong types, unknown keys, or inconsistent references.
+    """
+    try:
+        scenario = msgspec.convert(data, Scenario)
+    except msgspec.ValidationError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    _check(scenario, where)
+    return scenario
+
+
+def load_scenario_dict(path: str | Path) -> dict[str, Any]:
+    """Parse a scenario TOML file into a dict (``base_dir`` filled in).
+
+    Raises
+    ------
+    ScenarioError
+        Missing file or invalid TOML.
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: invalid TOML: {exc}") from None
+    data.setdefault("base_dir", str(path.resolve().parent))
+    return data
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """``"section.key=value"`` (value in TOML syntax; bare words are strings) → (key, value)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ScenarioError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key, value
+
+
+def apply_settings(data: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``data`` with dotted ``settings`` applied (tables created as needed)."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for dotted, value in settings.items():
+        node = out
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ScenarioError(f"cannot set {dotted!r}: {part!r} is not a table")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def load_scenario(path: str | Path, settings: dict[str, Any] | None = None) -> Scenario:
+    """Read a scenario TOML file, apply dotted ``settings``, convert and check it.
+
+    Raises
+    ------
+    ScenarioError
+        Missing file, invalid TOML, or an invalid scenario (file and JSON path named).
+    """
+    data = apply_settings(load_scenario_dict(path), settings or {})
+    return scenario_from_dict(data, str(path))

@@ -1,0 +1,35 @@
+"""Workloads shared by the simulator, the emulated-fleet benchmark and the demo.
+
+* :mod:`fastroute.workload.spec` — :class:`ChatWorkload` and its parts (TOML-decodable);
+* :mod:`fastroute.workload.session` — :class:`Session` / :class:`Turn` and prompt text;
+* :mod:`fastroute.workload.generate` — :func:`generate_sessions` (multi-turn chat);
+* :mod:`fastroute.workload.trace` — :func:`load_trace` (Azure CSV, Mooncake JSONL, generic).
+"""
+
+from fastroute.workload.generate import generate_sessions
+from fastroute.workload.session import Session, SessionPrompts, Turn
+from fastroute.workload.spec import (
+    Burst,
+    ChatWorkload,
+    Diurnal,
+    LogNormal,
+    TenantMix,
+    Weighted,
+    WorkloadError,
+)
+from fastroute.workload.trace import load_trace
+
+__all__ = [
+    "Burst",
+    "ChatWorkload",
+    "Diurnal",
+    "LogNormal",
+    "Session",
+    "SessionPrompts",
+    "TenantMix",
+    "Turn",
+    "Weighted",
+    "WorkloadError",
+    "generate_sessions",
+    "load_trace",
+]
