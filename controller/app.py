@@ -13,7 +13,7 @@ Endpoints (docs/controller.md "Service", docs/signals.md §4):
   marginal cost (dual); solve status, objective, time, iterations; per engine capacity and load.
 * ``GET /plan`` — the same plan as a self-contained HTML page (:mod:`controller.plan_page`).
 * ``GET /health`` — 200 once a table has been published (the last good one stays published when
-  later periods fail), 503 before.
+  later periods fail), 503 before; the body also names the last failed config reload, if any.
 * ``GET /metrics`` — Prometheus text from the app's own registry.
 """
 
@@ -140,6 +140,7 @@ class ControllerApi:
             "status": "ok" if svc.snapshot is not None else "starting",
             "generation": svc.generation,
             "last_error": svc.last_error,
+            "last_reload_error": svc.last_reload_error,
         }
         return web.json_response(body, status=200 if svc.snapshot is not None else 503)
 
@@ -221,23 +222,19 @@ def make_app(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         service.open()
         task: asyncio.Task[None] | None = None
-        scrapes: asyncio.Task[None] | None = None
         try:
             if run_loop:
-                scrapes = asyncio.create_task(service.scraper.run(), name="controller-scrapes")
+                # the service owns the scrape task: a config reload may replace the scraper
+                service.start_scrapes()
                 task = asyncio.create_task(service.run(), name="controller-loop")
             else:
                 await service.step()
             yield
         finally:
             service.stop()
-            if scrapes is not None:
-                scrapes.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await scrapes
-            await service.scraper.close()
+            await service.stop_scrapes()
             if task is not None:
-                limit_s = config.controller.solve_time_limit_s + 5.0
+                limit_s = service.config.controller.solve_time_limit_s + 5.0
                 try:
                     await asyncio.wait_for(asyncio.shield(task), limit_s)
                 except TimeoutError:

@@ -3,6 +3,16 @@
 Heavy imports (aiohttp, uvloop, highspy) happen in :func:`run`, so ``fastroute --help`` stays fast.
 SIGTERM / SIGINT stop listening, let a running period finish, and close the weight table without
 unlinking it (proxies on this host keep the last weights; a restart continues the generations).
+
+SIGHUP re-reads ``--config`` (systemd ``ExecReload=``) without closing the listener:
+``RELOADING=1`` is sent, the file is loaded and validated, and
+:meth:`controller.service.ControllerService.reload` switches the service to it between two
+periods (same table, generations keep increasing, long-polls stay parked). An invalid file is
+logged (file and JSON path) and counted in ``fastroute_controller_config_reloads_total{result=
+"error"}``, and the controller keeps running on the config it has. A changed listen address
+(``controller.host`` / ``controller.port``, unless given on the command line) or table name is
+logged as needing a restart and the old value kept. ``READY=1`` follows in every case, with a
+``STATUS=`` that says how the reload went. Signals arriving during a reload coalesce into one more.
 """
 
 from __future__ import annotations
@@ -13,6 +23,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from aiohttp import web
+
+    from fastroute.systemd import Notifier
 
 __all__ = ["add_arguments", "run"]
 
@@ -44,13 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; return the exit status."""
     import asyncio
+    import contextlib
     import logging
     import signal
 
     import uvloop
     from aiohttp import web
 
-    from controller.app import make_app
+    from controller.app import SERVICE, make_app
     from fastroute.config import ConfigError, load_config
     from fastroute.errors import TableError
     from fastroute.systemd import Notifier
@@ -77,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     async def serve() -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+        hup = asyncio.Event()
+        # before anything slow: SIGHUP's default action would kill a starting controller
+        loop.add_signal_handler(signal.SIGHUP, hup.set)
         app = make_app(
             config,
             table_name=args.table,
@@ -93,11 +109,29 @@ def run(args: argparse.Namespace) -> int:
                 loop.add_signal_handler(sig, stop.set)
             log.info("controller serving on %s", ", ".join(map(str, runner.addresses)))
             follow = loop.create_task(sd.follow(lambda: _systemd_status(app)))
+            reload_lock = asyncio.Lock()
+
+            async def reloads() -> None:
+                while True:
+                    await hup.wait()
+                    hup.clear()
+                    async with reload_lock:
+                        await _reload(app, args, (host, port), sd)
+
+            reloader = loop.create_task(reloads(), name="controller-reloads")
             await stop.wait()
             log.info("controller stopping")
             sd.stopping("controller stopping")
             follow.cancel()
+            # let a running reload finish (it may be mid-solve), bounded like a period
+            limit_s = app[SERVICE].config.controller.solve_time_limit_s + 5.0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(reload_lock.acquire(), limit_s)
+            reloader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reloader
         finally:
+            loop.remove_signal_handler(signal.SIGHUP)
             await runner.cleanup()
 
     try:
@@ -111,13 +145,72 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _reload(
+    app: web.Application,
+    args: argparse.Namespace,
+    listening: tuple[str, int],
+    sd: Notifier,
+) -> None:
+    """One SIGHUP: re-read ``args.config`` and switch the running service to it (or not)."""
+    import logging
+
+    import msgspec
+
+    from controller.app import SERVICE
+    from fastroute.config import ConfigError, load_config
+
+    log = logging.getLogger("controller")
+    svc = app[SERVICE]
+    result = "error"
+    sd.reloading("reloading the config")
+    log.info("SIGHUP: reloading %s", args.config)
+    try:
+        config = load_config(args.config)
+        host, port = listening
+        restart: list[str] = []
+        new_host = args.host if args.host is not None else config.controller.host
+        new_port = args.port if args.port is not None else config.controller.port
+        if (new_host, new_port) != (host, port):
+            restart.append(f"listen address {host}:{port} -> {new_host}:{new_port}")
+        # the listener stays where it is: keep the values it was opened with
+        old_ctl = svc.config.controller
+        config = msgspec.structs.replace(
+            config,
+            controller=msgspec.structs.replace(
+                config.controller, host=old_ctl.host, port=old_ctl.port
+            ),
+        )
+        outcome = await svc.reload(config)
+        restart.extend(outcome.needs_restart)
+        for what in restart:
+            log.warning("config reload: %s needs a restart; keeping the old value", what)
+        result = "ok" if outcome.changed else "unchanged"
+        svc.last_reload_error = None  # the file in force is valid again
+    except ConfigError as exc:
+        svc.last_reload_error = str(exc)
+        log.error("config reload failed, still running on the previous config: %s", exc)
+    except Exception as exc:  # a reload must never take the controller down
+        svc.last_reload_error = f"{type(exc).__name__}: {exc}"
+        log.exception("config reload failed, still running on the previous config")
+    svc.metrics.config_reloads.labels(result=result).inc()
+    if result == "unchanged":
+        log.info("config reload: no change")
+    sd.ready(_systemd_status(app) or "starting")
+
+
 def _systemd_status(app: web.Application) -> str | None:
     """The controller's systemd STATUS= line; None until the first control period ended."""
     from controller.app import SERVICE
 
     svc = app[SERVICE]
+    reload_note = (
+        "" if svc.last_reload_error is None
+        else f"; config reload FAILED (running on the previous config): {svc.last_reload_error}"
+    )  # fmt: skip
     if svc.last_error is not None:
-        return f"table generation {svc.generation}; last period failed: {svc.last_error}"
+        return (
+            f"table generation {svc.generation}; last period failed: {svc.last_error}{reload_note}"
+        )
     if svc.plan is None:
         return None
-    return f"serving; table generation {svc.generation}"
+    return f"serving; table generation {svc.generation}{reload_note}"

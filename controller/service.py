@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -91,6 +92,8 @@ __all__ = [
     "ControllerService",
     "FleetModel",
     "Plan",
+    "ReloadOutcome",
+    "carry_forecast",
     "class_key",
 ]
 
@@ -339,6 +342,107 @@ class ControllerMetrics:
             ["engine"],
             registry=r,
         )
+        self.config_reloads = Counter(
+            "fastroute_controller_config_reloads",
+            "SIGHUP config reloads by result (ok, unchanged, error)",
+            ["result"],
+            registry=r,
+        )
+
+    def forget(self, engines: Sequence[str] = (), classes: Sequence[str] = ()) -> None:
+        """Drop the per-engine and per-class series of engines / classes a reload removed."""
+        for gauge, names in (
+            (self.engine_health, engines),
+            (self.engine_stale, engines),
+            (self.engine_scrape_age, engines),
+            (self.scrape_errors, engines),
+            (self.shed_fraction, classes),
+            (self.demand_rps, classes),
+        ):
+            for name in names:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name)
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    """What :meth:`ControllerService.reload` did.
+
+    Attributes
+    ----------
+    changed : bool
+        The config differed and the service now runs on it (False: identical, nothing done).
+    needs_restart : tuple of str
+        Changes that were not applied (the old value is kept) because only a restart can.
+    """
+
+    changed: bool
+    needs_restart: tuple[str, ...] = ()
+
+
+#: State a reload keeps from the running service (everything else comes from the new config).
+_KEPT_ON_RELOAD = frozenset(
+    {
+        "writer",
+        "snapshot",
+        "_plan_id",
+        "periods_total",
+        "last_error",
+        "profile_updates_total",
+        "reprofiles_total",
+        "reloads_total",
+        "last_reload_error",
+        "_changed",
+        "_step_lock",
+        "_stop",
+        "_scrape_task",
+        "metrics",
+        "_options",
+    }
+)
+#: Derating and profile-fit state carried over a reload when the engines and settings are equal.
+_LEARNT = (
+    "signals",
+    "health",
+    "fitter",
+    "fit_group",
+    "fit_profiles",
+    "_last_window",
+    "_shift_log",
+    "_shift_windows",
+)
+
+
+def carry_forecast(old: DemandForecaster, new: DemandForecaster) -> int:
+    """Copy ``old``'s demand state into ``new`` for the class keys both have; return how many.
+
+    EWMA, measured flags, recent peaks and the live workers (with their pending and last rates
+    restricted to ``new``'s classes) move over, so a reload neither forgets the measured demand
+    nor falls back to the capacity default for classes that still exist.
+    """
+    # reaches into the forecaster's state: a reload is the only caller that needs it
+    o_row, n_row = old._row, new._row
+    pairs = [(o_row[k], j) for j, k in enumerate(new.class_keys) if k in o_row]
+    for w_id, w in old._workers.items():
+        new._workers[w_id] = replace(
+            w,
+            pending_requests={k: r for k, r in w.pending_requests.items() if k in n_row},
+            rates_rps={k: r for k, r in w.rates_rps.items() if k in n_row},
+        )
+    new.unknown_keys_total = old.unknown_keys_total
+    if not pairs:
+        return 0
+    src = np.array([p[0] for p in pairs], dtype=np.intp)
+    dst = np.array([p[1] for p in pairs], dtype=np.intp)
+    new._ewma_rps[dst] = old._ewma_rps[src]
+    new._measured[dst] = old._measured[src]
+    new.last_measured_rps[dst] = old.last_measured_rps[src]
+    new._peaks.clear()
+    for peak in list(old._peaks)[-(new._peaks.maxlen or 1) :]:
+        row = np.full(len(new.class_keys), np.nan)
+        row[dst] = peak[src]
+        new._peaks.append(row)
+    return len(pairs)
 
 
 def _solve_period(
@@ -426,6 +530,22 @@ class ControllerService:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        # everything but the config, for rebuilding on a reload (:meth:`reload`)
+        self._options: dict[str, Any] = {
+            "table_name": table_name,
+            "default_fraction": default_fraction,
+            "shed_retry_factor": shed_retry_factor,
+            "clock": clock,
+            "profile_half_life_windows": profile_half_life_windows,
+            "profile_deadband": profile_deadband,
+            "mode": mode,
+            "p_gain": p_gain,
+            "p_ewma_alpha": p_ewma_alpha,
+            "republish_after_s": republish_after_s,
+            "reprofile_after_windows": reprofile_after_windows,
+            "reprofile_max_dispersion_log": reprofile_max_dispersion_log,
+            "health_min_latency_samples": health_min_latency_samples,
+        }
         self.mode = mode
         self.config = config
         self.clock = clock
@@ -524,6 +644,11 @@ class ControllerService:
         self._changed = asyncio.Event()
         self._step_lock = asyncio.Lock()
         self._stop = asyncio.Event()
+        self._scrape_task: asyncio.Task[None] | None = None
+        #: Successful reloads that changed the config, and the last failed reload's message
+        #: (cleared by the next successful one).
+        self.reloads_total = 0
+        self.last_reload_error: str | None = None
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -549,6 +674,125 @@ class ControllerService:
         """:meth:`close` once no period is running."""
         async with self._step_lock:
             self.close()
+
+    def start_scrapes(self) -> None:
+        """Run :attr:`scraper` in a task (until :meth:`stop_scrapes`; a reload may swap it)."""
+        if self._scrape_task is None:
+            self._scrape_task = asyncio.create_task(self.scraper.run(), name="controller-scrapes")
+
+    async def stop_scrapes(self) -> None:
+        """Cancel the scrape task and close the scraper's HTTP session."""
+        task, self._scrape_task = self._scrape_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.scraper.close()
+
+    async def reload(self, config: Config) -> ReloadOutcome:
+        """Switch to ``config`` between two periods, keeping the table and its generations.
+
+        The service is rebuilt for the new config (classes, engines, RTTs, profiles seeds, LP,
+        controller settings) by constructing a fresh :class:`ControllerService` with the same
+        options and adopting its state, so a config the service cannot be built from changes
+        nothing. Kept: the table writer (generations only increase), the current snapshot and
+        parked long-polls, plan ids, counters, the metrics registry. Carried over: demand
+        forecasts of classes that still exist (:func:`carry_forecast`); derating levels and fitted
+        profiles when the engines, breakpoints and derating settings are unchanged (else they
+        restart from the seeds); the scraper when the engines and scrape settings are unchanged.
+
+        Not applied live (logged, the old value kept, see ``ReloadOutcome.needs_restart``): the
+        table name. A new plan is solved and published at once (a new generation even when the
+        weights come out equal); until it is, ``plan`` is None.
+
+        Raises
+        ------
+        ValueError
+            The new config cannot be served by this process (the old one stays in force): more
+            engines or classes than the open table holds, or the service rejects it.
+        """
+        async with self._step_lock:
+            old = self.config
+            needs_restart: list[str] = []
+            if self._options["table_name"] is None and config.proxy.table_name != self.table_name:
+                needs_restart.append(
+                    f"proxy.table_name {self.table_name!r} -> {config.proxy.table_name!r}"
+                )
+                config = msgspec.structs.replace(
+                    config,
+                    proxy=msgspec.structs.replace(config.proxy, table_name=self.table_name),
+                )
+            if config == old:
+                return ReloadOutcome(changed=False, needs_restart=tuple(needs_restart))
+            # built aside (own throwaway metrics): a config it rejects changes nothing here
+            fresh = ControllerService(
+                config,
+                metrics=ControllerMetrics(),
+                **{**self._options, "table_name": self.table_name},
+            )
+            if self.writer is not None:
+                layout = self.writer.layout
+                n_e, n_g = len(fresh.model.engine_names), len(fresh.model.classes)
+                if n_e > layout.max_engines or n_g > layout.max_classes:
+                    raise ValueError(
+                        f"the new config has {n_g} classes x {n_e} engines but the open table "
+                        f"holds at most {layout.max_classes} x {layout.max_engines}: needs a "
+                        "restart"
+                    )
+            carry_forecast(self.forecaster, fresh.forecaster)
+            kept_health = (
+                config.engines == old.engines
+                and config.controller.breakpoints == old.controller.breakpoints
+                and config.controller.derating == old.controller.derating
+            )
+            if kept_health:
+                fresh._adopt_learning(self)
+            same_scrapes = config.engines == old.engines and (
+                config.controller.scrape_interval_s,
+                config.controller.scrape_timeout_s,
+            ) == (old.controller.scrape_interval_s, old.controller.scrape_timeout_s)
+            scraping = self._scrape_task is not None
+            if same_scrapes:
+                fresh.scraper = self.scraper
+            else:
+                await self.stop_scrapes()
+            gone_engines = set(self.model.engine_names) - set(fresh.model.engine_names)
+            gone_classes = {c.name for c in self.model.classes} - {
+                c.name for c in fresh.model.classes
+            }
+            self.metrics.forget(sorted(gone_engines), sorted(gone_classes))
+            for key, value in vars(fresh).items():
+                if key not in _KEPT_ON_RELOAD:
+                    setattr(self, key, value)
+            for name, h in zip(self.model.engine_names, self.health.health, strict=True):
+                self.metrics.engine_health.labels(name).set(float(h))
+            if scraping and not same_scrapes:
+                self.start_scrapes()
+            self.reloads_total += 1
+            self.last_reload_error = None
+            log.info(
+                "config reloaded (%d engines, %d classes); derating and profiles %s",
+                len(self.model.engine_names),
+                len(self.model.classes),
+                "kept" if kept_health else "restart from the seeds",
+            )
+            try:
+                await self._step()
+            except Exception:  # the plan follows at the next period
+                log.exception("first period after the reload failed")
+            return ReloadOutcome(changed=True, needs_restart=tuple(needs_restart))
+
+    def _adopt_learning(self, old: ControllerService) -> None:
+        """Take ``old``'s derating state and fitted profiles (same engines and settings)."""
+        for key in _LEARNT:
+            setattr(self, key, getattr(old, key))
+        m = self.model
+        profiles = tuple(self.fit_profiles[g] for g in self.fit_group)
+        groups = group_engines(
+            profiles, m.capacity_rps, m.eligible, m.network_latency_s, health=self.health.health
+        )
+        self.model = replace(m, profiles=profiles, groups=groups)
+        self.health.profiles = profiles
 
     async def run(self) -> None:
         """Step every ``period_s`` until :meth:`stop` (a failed step never ends the loop).

@@ -92,10 +92,10 @@ def test_proxy_unit_reload_and_stop():
     assert "Service.ProcSubset" not in unit
 
 
-def test_controller_unit_has_no_reload():
-    """The controller does not handle SIGHUP: a reload would kill it."""
+def test_controller_unit_reload():
+    """SIGHUP re-reads the controller's config without closing its listener or table."""
     unit = _parse(UNITS / "fastroute-controller.service")
-    assert "Service.ExecReload" not in unit
+    assert _one(unit, "ExecReload") == "/bin/kill -HUP $MAINPID"
 
 
 @pytest.mark.integration
