@@ -159,6 +159,8 @@ class StepModelState(msgspec.Struct):
         Per kind, the per-engine multiplicative residual ``r_e`` by engine id.
     calibrate : bool
         False if observations are ignored (nominal constants).
+    samples_by_kind : dict of str to int
+        Observations folded in per kind (``prefill``, ``decode``).
     information : list of list of float
         The RLS information matrix in internal scaled units, so that a worker loading
         the state continues exactly where the publisher was; may be empty.
@@ -173,6 +175,7 @@ class StepModelState(msgspec.Struct):
     residuals: dict[str, dict[int, float]]
     calibrate: bool = True
     information: list[list[float]] = []
+    samples_by_kind: dict[str, int] = {}
 
 
 # -- features ------------------------------------------------------------------------------
@@ -287,6 +290,8 @@ class StepTimeModel:
         self.max_engines = int(max_engines)
         self._residuals: dict[str, dict[int, _Residual]] = {kind: {} for kind in KINDS}
         self._log_sum = dict.fromkeys(KINDS, 0.0)  # Σ log_ratio per kind (for centring)
+        #: Observations folded in per kind (what /metrics reports as sample counts).
+        self.samples_by_kind = dict.fromkeys(KINDS, 0)
 
     # -- prediction (hot path: Python floats only) -------------------------------------------
 
@@ -384,6 +389,7 @@ class StepTimeModel:
         # mismatch into b0/b1/b2 made the decode fit diverge in a closed-loop run.
         own, offset = self._split(features, kind)
         self.rls.update(own, time_s / factor, offset)
+        self.samples_by_kind[kind] += 1
         if res is not None and base > 0.0:
             step = math.log(time_s / base)
             step = max(-_RESIDUAL_CLIP, min(_RESIDUAL_CLIP, step))
@@ -422,6 +428,7 @@ class StepTimeModel:
             },
             calibrate=self.calibrate,
             information=rls.information(),
+            samples_by_kind=dict(self.samples_by_kind),
         )
 
     def load(self, state: StepModelState, *, residuals: bool = False) -> None:
@@ -442,6 +449,9 @@ class StepTimeModel:
             state.sigma_rel,
             state.information or None,
         )
+        for kind, count in state.samples_by_kind.items():
+            if kind in self.samples_by_kind:
+                self.samples_by_kind[kind] = int(count)
         if residuals:
             for kind, factors in state.residuals.items():
                 if kind not in self._residuals:
@@ -461,3 +471,4 @@ class StepTimeModel:
         for table in self._residuals.values():
             table.clear()
         self._log_sum = dict.fromkeys(KINDS, 0.0)
+        self.samples_by_kind = dict.fromkeys(KINDS, 0)

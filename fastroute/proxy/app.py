@@ -69,6 +69,7 @@ from fastroute.proxy.handler import (
     build_policies,
     request_id_of,
 )
+from fastroute.proxy.marginal_setup import install_marginal
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.openai_errors import error_reply, error_response
 from fastroute.proxy.pd import PDPools
@@ -226,6 +227,8 @@ def _build_context(
     aggregator = getattr(previous, "aggregator", None)
     if aggregator is not None:
         ctx.aggregator = aggregator  # the signal path's counters outlive reloads
+    ctx.scraper = getattr(previous, "scraper", None)
+    install_marginal(ctx, previous)
     return ctx
 
 

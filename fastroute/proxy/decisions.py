@@ -79,6 +79,11 @@ class DecisionRecord:
     timings : dict of str to float
         Seconds from arrival: ``decided``, ``first_byte``, ``first_token``, ``done``;
         ``tbot_s`` mean time between streamed chunks.
+    prediction : dict or None
+        ``marginal-cost`` classes only: the predicted TTFT/TPOT, output length, cached
+        tokens, the marginal cost (seconds) of each ranked candidate, why a request was
+        rejected, and the calibration sample counts per engine type and kind (per
+        stage for P/D).
 
     ``candidates`` and ``filters`` may be deferred (:meth:`defer`): rendering names,
     weights and filter explanations for every request cost more than the rest of the
@@ -104,6 +109,7 @@ class DecisionRecord:
     status: int | None = None
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    prediction: dict[str, Any] | None = None
     # Renders (candidates, filters) from what the decision captured; None once rendered.
     _render: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = field(
         default=None, repr=False

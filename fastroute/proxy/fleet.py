@@ -41,7 +41,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,8 +62,13 @@ __all__ = [
     "FleetState",
     "Fleet",
     "RequestView",
+    "LoadView",
     "TableWatcher",
 ]
+
+if TYPE_CHECKING:
+    from fastroute.policy.marginal import EngineState
+    from fastroute.proxy.engine_load import EngineLoad
 
 logger = logging.getLogger(__name__)
 
@@ -337,6 +342,9 @@ class Fleet:
         self._eligible: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._eligible_for: tuple[FleetState | None, int, int] = (None, -1, -1)
         self._reasons: tuple[int, dict[int, str]] = (-1, {})
+        #: Per-engine load for the ``marginal-cost`` policy
+        #: (:class:`~fastroute.proxy.engine_load.EngineLoad`); None unless a class uses it.
+        self.load: EngineLoad | None = None
         self.state = self._make_state(0, None, self._fallback.copy(), None, None, None)
 
     @property
@@ -436,6 +444,11 @@ class Fleet:
     def view(self, request_mask: np.ndarray) -> RequestView:
         """A :class:`~fastroute.policy.FleetView` for one request."""
         return RequestView(self, self.state, request_mask)
+
+    def load_view(self, request_mask: np.ndarray) -> LoadView:
+        """A view that is also an ``EngineStateView`` (needs :attr:`load`)."""
+        assert self.load is not None
+        return LoadView(self, self.state, request_mask, self.load)
 
     def eligible(self, row: int, state: FleetState, request_mask: np.ndarray) -> np.ndarray:
         """uint8 mask: weight > 0 in ``row``, available, not ejected, not at its
@@ -569,6 +582,28 @@ class RequestView:
         return self._fleet.stats.in_flight()
 
     def in_flight_tokens(self) -> np.ndarray | None:
+        return None
+
+
+class LoadView(RequestView):
+    """A :class:`RequestView` that is also the ``marginal-cost`` policy's
+    :class:`~fastroute.policy.marginal.EngineStateView`, over an
+    :class:`~fastroute.proxy.engine_load.EngineLoad`."""
+
+    __slots__ = ("_load",)
+
+    def __init__(
+        self, fleet: Fleet, state: FleetState, request_mask: np.ndarray, load: EngineLoad
+    ) -> None:
+        super().__init__(fleet, state, request_mask)
+        self._load = load
+
+    def engine_state(self) -> EngineState:
+        """Per-engine load (this worker's bookkeeping plus fresh engine scrapes)."""
+        return self._load.engine_state()
+
+    def cached_prefix_tokens(self, request: Any) -> np.ndarray | None:
+        """Unknown to the proxy: the policy uses its own prefix tree."""
         return None
 
 

@@ -16,6 +16,12 @@ and a clean end of the body. Every outcome is recorded in the outlier detector.
 A client that goes away cancels the handler (the lean server, or aiohttp's
 ``handler_cancellation``); the upstream response is closed on the way out.
 
+Classes whose policy is ``marginal-cost`` also read the SLO headers
+(:mod:`fastroute.proxy.slo`; 400 if malformed), decide over a view with engine state
+(:mod:`fastroute.proxy.engine_load`), get an early 429 ``slo_infeasible`` when no engine
+is predicted to meet the SLO (once calibrated), and feed each attempt's timings into the
+calibration; no other policy's path does any of this.
+
 The path is independent of the HTTP server in front of it: :meth:`InferenceHandler.handle`
 takes anything with ``path`` and ``headers`` (a case-insensitive mapping), the body
 already read (None when it was over the limit) and a :class:`~fastroute.proxy.reply.Sink`
@@ -38,8 +44,15 @@ from aiohttp import web
 
 from fastroute.config import PRIORITIES, ClassConfig, Config, TenantConfig, hash_api_key
 from fastroute.policy import Decision, Policy, RouteRequest, make_policy
+from fastroute.policy.marginal import (
+    REASON_SLO_INFEASIBLE,
+    MarginalCost,
+    MarginalDecision,
+    MarginalRequest,
+)
 from fastroute.proxy.admission import AdmissionQueue, AdmissionRejected, should_shed
 from fastroute.proxy.decisions import Attempt, DecisionLog, DecisionRecord
+from fastroute.proxy.engine_load import MIN_SAMPLES_TO_REJECT, AttemptLoad, EngineLoad
 from fastroute.proxy.fleet import Fleet, FleetState
 from fastroute.proxy.http1 import Response
 from fastroute.proxy.metrics import ProxyMetrics
@@ -57,6 +70,7 @@ from fastroute.proxy.requests import (
 )
 from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.proxy.routing_key import estimate_prompt_tokens, routing_key
+from fastroute.proxy.slo import request_slos
 from fastroute.proxy.upstream import HOP_BY_HOP, UpstreamError, UpstreamPool
 from fastroute.signals.reports import DemandAggregator, completion_tokens_of
 from fastroute.tables.stats import Ewma
@@ -166,6 +180,9 @@ class _Classified:
     hardware: str | None
     cls: ClassConfig
     row: int
+    #: The request's SLOs (headers or class defaults); set for ``marginal-cost`` classes.
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
 
 
 class _Reject(Exception):
@@ -222,6 +239,9 @@ class ProxyContext:
     aggregator : DemandAggregator or None
         Per-window report counters, set by ``install_signal_tasks`` when a
         controller is configured; None: nothing is counted.
+    scraper : EngineScraper or None
+        The proxy's own engine scraper (``proxy.scrape_engines``), set by
+        ``install_signal_tasks``; the ``marginal-cost`` engine load merges its scrapes.
     """
 
     config: Config
@@ -234,6 +254,7 @@ class ProxyContext:
     upstream: UpstreamPool | None = None
     pd: PDPools | None = None
     aggregator: DemandAggregator | None = None
+    scraper: Any = None
     ready: bool = False
     draining: bool = False
 
@@ -304,6 +325,10 @@ class InferenceHandler:
         self._auth_lines: dict[str, bytes] = {}  # one per configured engine key
         self._budget_state: FleetState | None = None  # the state the budget's ratio is from
         self._response_verdicts: dict[bytes, bool] = {}
+        #: Names of the policies that are ``marginal-cost`` (SLOs, engine load, calibration).
+        self._marginal = frozenset(
+            name for name, p in ctx.policies.items() if isinstance(p, MarginalCost)
+        )
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -405,6 +430,15 @@ class InferenceHandler:
             row=self.ctx.fleet.rows[(model, priority)],
         )
 
+    def _slos(self, request: Incoming, cls: _Classified) -> None:
+        """Fill ``cls``'s SLOs from the request headers or the class defaults (400 if bad)."""
+        try:
+            cls.slo_ttft_s, cls.slo_tpot_s = request_slos(
+                request.headers, cls.cls.ttft_slo_s, cls.cls.tbot_slo_s
+            )
+        except ValueError as exc:
+            raise _Reject(error_reply(400, str(exc), code="invalid_slo")) from None
+
     def _forward_headers(self, request: Incoming, engine_key: str | None, rid: str) -> bytes:
         """The header lines to send to the engine, encoded (``http1`` takes them as is).
 
@@ -475,6 +509,8 @@ class InferenceHandler:
                 parsed = self._parse(kind, body)
                 record.model = parsed.model or ""
                 cls = self._classify(request, parsed)
+                if self._marginal and self.config.policy_for(cls.cls) in self._marginal:
+                    self._slos(request, cls)
             except _Reject as rej:
                 # Never routed, but recorded: the client has the request id to ask why.
                 record.error = rej.reason
@@ -583,32 +619,58 @@ class InferenceHandler:
         if ctx.pd is not None and kind != "embeddings" and cls.model in ctx.pd.models:
             return await self._pd_forward(request, body, parsed, cls, record, t0, key, sink)
         loop = asyncio.get_running_loop()
-        policy = ctx.policies[config.policy_for(cls.cls)]
+        name = config.policy_for(cls.cls)
+        policy = ctx.policies[name]
         mask = fleet.request_mask(cls.zones, cls.hardware)
-        view = fleet.view(mask)
+        load = fleet.load if name in self._marginal else None
+        make_view = fleet.view if load is None else fleet.load_view
+        view = make_view(mask)
         state = view.state
-        route = RouteRequest(
-            key_hash=key,
-            row=cls.row,
-            prompt_tokens=estimate_prompt_tokens(parsed) if kind != "embeddings" else 0,
-            prefix=_prefix(parsed) if policy.needs_prefix else b"",
-        )
+        prompt_tokens = estimate_prompt_tokens(parsed) if kind != "embeddings" else 0
+        prefix = _prefix(parsed) if policy.needs_prefix else b""
+        if load is None:
+            route = RouteRequest(
+                key_hash=key, row=cls.row, prompt_tokens=prompt_tokens, prefix=prefix
+            )
+        else:
+            route = MarginalRequest(
+                key_hash=key,
+                row=cls.row,
+                prompt_tokens=prompt_tokens,
+                prefix=prefix,
+                tenant=cls.tenant or None,
+                slo_ttft_s=cls.slo_ttft_s,
+                slo_tpot_s=cls.slo_tpot_s,
+            )
         if ctx.aggregator is not None:
             ctx.aggregator.observe_request(int(fleet.row_keys[cls.row]), route.prompt_tokens)
         decision = policy.choose(route, view, k=config.policy.top_k)
+        unenforced = None
+        if load is not None and decision.reason == REASON_SLO_INFEASIBLE and not load.calibrated():
+            # Not calibrated yet: a reject would rest on nominal constants, and would
+            # never let them calibrate. Route best-effort, without the SLO.
+            unenforced = decision
+            route = msgspec.structs.replace(route, slo_ttft_s=None, slo_tpot_s=None)
+            decision = policy.choose(route, view, k=config.policy.top_k)
         capped = not decision.ranked and fleet.capped_out(cls.row, state, mask)
         if capped:
             # Candidates exist but are at their max_concurrency cap: wait for one to
             # free up (bounded; this request holds an admission slot), then pick again.
             wait_until = loop.time() + config.admission.max_wait_s
             while capped and await fleet.caps.wait_freed(wait_until - loop.time()):
-                view = fleet.view(mask)
+                view = make_view(mask)
                 state = view.state
                 decision = policy.choose(route, view, k=config.policy.top_k)
                 capped = not decision.ranked and fleet.capped_out(cls.row, state, mask)
         record.policy, record.reason = decision.policy, decision.reason
         record.defer(_choice_renderer(fleet, cls.row, mask, state, decision))
         record.timings["decided"] = loop.time() - t0
+        if load is not None:
+            record.prediction = _prediction(decision, load, decision.ranked)
+            if unenforced is not None:
+                record.prediction["slo_unenforced"] = _unenforced(unenforced)
+            if decision.reason == REASON_SLO_INFEASIBLE:
+                return self._slo_infeasible(cls, record, decision)
         if capped:
             ctx.metrics.shed.labels(cls.cls.name, "at_cap").inc()
             record.error = "every candidate engine is at its max_concurrency cap"
@@ -634,7 +696,28 @@ class InferenceHandler:
         self._deposit(state)
         deadline = t0 + config.timeouts.total_timeout_s
         return await self._try_ranked(
-            request, body, cls, record, route, policy, decision, deadline, t0, sink, fleet
+            request, body, cls, record, route, policy, decision, deadline, t0, sink, fleet,
+            load=load,
+        )  # fmt: skip
+
+    def _slo_infeasible(
+        self, cls: _Classified, record: DecisionRecord, decision: Decision
+    ) -> Reply:
+        """429 for a request no engine is predicted to serve within its SLO (early:
+        nothing is forwarded)."""
+        detail = getattr(decision, "detail", "") or "no engine is predicted to meet the SLO"
+        record.error = f"{REASON_SLO_INFEASIBLE}: {detail}"
+        self.ctx.metrics.shed.labels(cls.cls.name, REASON_SLO_INFEASIBLE).inc()
+        return error_reply(
+            429,
+            f"No engine for model `{cls.model}` is predicted to meet the request's latency "
+            f"objective ({REASON_SLO_INFEASIBLE}): {detail}. Retry later or relax the SLO.",
+            code="slo_infeasible",
+            headers={
+                "Retry-After": str(self.config.admission.retry_after_s),
+                "x-fastroute-engine": "none",
+                "x-fastroute-decision": record.header(),
+            },
         )
 
     async def _pd_forward(
@@ -663,18 +746,45 @@ class InferenceHandler:
         p_view, d_view = p_fleet.view(p_mask), d_fleet.view(d_mask)
         p_policy, d_policy = pd.prefill_policies[name], pd.decode_policies[name]
         prefix = _prefix(parsed) if p_policy.needs_prefix or d_policy.needs_prefix else b""
-        p_route = RouteRequest(
-            key_hash=key,
-            row=p_cls.row,
-            prompt_tokens=estimate_prompt_tokens(parsed),
-            prefix=prefix,
-        )
+        p_load = d_load = None
+        if name in self._marginal:
+            p_load, d_load = p_fleet.load, d_fleet.load
+        if p_load is not None and d_load is not None:
+            p_view, d_view = p_fleet.load_view(p_mask), d_fleet.load_view(d_mask)
+            p_route: RouteRequest = MarginalRequest(
+                key_hash=key,
+                row=p_cls.row,
+                prompt_tokens=estimate_prompt_tokens(parsed),
+                prefix=prefix,
+                tenant=cls.tenant or None,
+                slo_ttft_s=cls.slo_ttft_s,
+                slo_tpot_s=cls.slo_tpot_s,
+            )
+        else:
+            p_route = RouteRequest(
+                key_hash=key,
+                row=p_cls.row,
+                prompt_tokens=estimate_prompt_tokens(parsed),
+                prefix=prefix,
+            )
         d_route = msgspec.structs.replace(p_route, row=d_cls.row)
         if ctx.aggregator is not None:
             ctx.aggregator.observe_request(int(p_fleet.row_keys[p_cls.row]), p_route.prompt_tokens)
-        p_dec, d_dec = pd.selector(name).choose_pair(
-            p_route, d_route, p_view, d_view, config.policy.top_k
-        )
+        selector = pd.selector(name)
+        p_dec, d_dec = selector.choose_pair(p_route, d_route, p_view, d_view, config.policy.top_k)
+        unenforced = None
+        if (
+            p_load is not None
+            and d_load is not None
+            and p_dec.reason == REASON_SLO_INFEASIBLE
+            and not (p_load.calibrated(("prefill",)) and d_load.calibrated(("decode",)))
+        ):
+            unenforced = p_dec  # not calibrated yet: best-effort (see _pick_and_forward)
+            p_route = msgspec.structs.replace(p_route, slo_ttft_s=None, slo_tpot_s=None)
+            d_route = msgspec.structs.replace(d_route, slo_ttft_s=None, slo_tpot_s=None)
+            p_dec, d_dec = selector.choose_pair(
+                p_route, d_route, p_view, d_view, config.policy.top_k
+            )
         record.policy = p_dec.policy
         record.reason = f"pd:prefill={p_dec.reason},decode={d_dec.reason}"
         record.defer(
@@ -684,6 +794,24 @@ class InferenceHandler:
             )
         )
         record.timings["decided"] = loop.time() - t0
+        if p_load is not None and d_load is not None:
+            record.prediction = {
+                "prefill": _prediction(p_dec, p_load, p_dec.ranked),
+                "decode": _prediction(d_dec, d_load, d_dec.ranked),
+            }
+            pair = getattr(selector, "last", None)
+            if pair is not None:
+                record.prediction.update(
+                    ttft_s=pair.ttft_s,
+                    tpot_s=pair.tpot_s,
+                    transfer_s=pair.transfer_s,
+                    cost_s=pair.cost_s,
+                    output_tokens=pair.output_tokens,
+                )
+            if unenforced is not None:
+                record.prediction["slo_unenforced"] = _unenforced(unenforced)
+            if p_dec.reason == REASON_SLO_INFEASIBLE:
+                return self._slo_infeasible(cls, record, p_dec)
         for stage, decision in (("prefill", p_dec), ("decode", d_dec)):
             if not decision.ranked:
                 record.error = f"no eligible {stage} engine"
@@ -714,6 +842,7 @@ class InferenceHandler:
                 _NO_STREAM,
                 p_fleet,
                 "prefill",
+                load=p_load,
             )
             if reply.status != 200:
                 return reply  # the prefill pool's error (after its retry), in OpenAI shape
@@ -736,6 +865,7 @@ class InferenceHandler:
             sink,
             d_fleet,
             "decode",
+            load=d_load,
         )
 
     def _pd_protocol_error(self, record: DecisionRecord, why: str) -> Reply:
@@ -770,8 +900,14 @@ class InferenceHandler:
         sink: Sink,
         fleet: Fleet,
         stage: str | None = None,
+        *,
+        load: EngineLoad | None = None,
     ) -> Reply:
-        """Attempt the ranked engines of ``fleet`` in order, retries within the budget."""
+        """Attempt the ranked engines of ``fleet`` in order, retries within the budget.
+
+        ``load``: the fleet's engine load, tracked and calibrated per attempt
+        (``marginal-cost`` classes only).
+        """
         ctx = self.ctx
         last: UpstreamError | Reply | None = None
         for rank, index in enumerate(decision.ranked):
@@ -797,6 +933,7 @@ class InferenceHandler:
                     sink,
                     fleet,
                     stage,
+                    load,
                 )
             except _Retryable as exc:
                 last = exc.failure
@@ -843,6 +980,7 @@ class InferenceHandler:
         sink: Sink,
         fleet: Fleet,
         stage: str | None = None,
+        load: EngineLoad | None = None,
     ) -> Reply:
         ctx = self.ctx
         assert ctx.upstream is not None
@@ -855,6 +993,9 @@ class InferenceHandler:
         started = loop.time()
         policy.on_routed(route, engine_id)
         fleet.attempt_started(index)
+        tracked: AttemptLoad | None = None
+        if load is not None:
+            tracked = load.admit(index, route, started, decode_stage=stage == "decode")
         ok = False
         try:
             headers = self._forward_headers(request, engine.api_key, record.request_id)
@@ -873,7 +1014,7 @@ class InferenceHandler:
                     )
                 if resp.content_type == "text/event-stream":
                     result = await self._relay_stream(
-                        fleet, sink, resp, cls, record, index, attempt, deadline, t0
+                        fleet, sink, resp, cls, record, index, attempt, deadline, t0, tracked
                     )
                 else:
                     try:
@@ -883,6 +1024,8 @@ class InferenceHandler:
                         self._record_outcome(fleet, index, exc.outcome, attempt)
                         raise _Retryable(exc) from None
                     self._record_outcome(fleet, index, Outcome.SUCCESS, attempt)
+                    if tracked is not None:
+                        tracked.body(data)
                     if ctx.aggregator is not None:
                         row_key = int(fleet.row_keys[cls.row])
                         ctx.aggregator.observe_output(row_key, completion_tokens_of(data))
@@ -895,6 +1038,9 @@ class InferenceHandler:
         finally:
             attempt.duration_s = loop.time() - started
             fleet.attempt_finished(index)
+            if tracked is not None:
+                assert load is not None
+                load.release(tracked, ok, loop.time())
             if ok:
                 fleet.observe(index, Ewma.E2E_S, loop.time() - t0)
             policy.on_complete(route, engine_id, ok)
@@ -986,8 +1132,12 @@ class InferenceHandler:
         attempt: Attempt,
         deadline: float,
         t0: float,
+        tracked: AttemptLoad | None = None,
     ) -> Reply:
-        """Relay an SSE body chunk by chunk; the first chunk is read before committing."""
+        """Relay an SSE body chunk by chunk; the first chunk is read before committing.
+
+        ``tracked`` (``marginal-cost`` classes): told of the first chunk and every chunk.
+        """
         ctx = self.ctx
         assert ctx.upstream is not None
         upstream = ctx.upstream
@@ -1008,6 +1158,8 @@ class InferenceHandler:
         headers = [("Cache-Control", "no-cache")]
         await sink.start(resp.status, headers, self._response_headers(resp, record))
         first_at = last_at = loop.time()
+        if tracked is not None:
+            tracked.first_token(first_at)
         record.timings["first_token"] = first_at - t0
         labels = (cls.cls.name, attempt.engine)
         ctx.metrics.ttft_of(*labels).observe(first_at - t0)
@@ -1021,6 +1173,8 @@ class InferenceHandler:
                 n_chunks += 1
                 last_at = loop.time()
                 last = chunk
+                if tracked is not None:
+                    tracked.chunk(chunk, last_at)
                 try:
                     chunk = await upstream.read_chunk(
                         resp, attempt.engine, timeouts.idle_timeout_s, deadline
@@ -1086,6 +1240,38 @@ def _choice_renderer(
         return candidates, fleet.explain(row, mask, state, reasons, at_cap)
 
     return render
+
+
+def _prediction(decision: Decision, load: EngineLoad, ranked: Sequence[int]) -> dict[str, Any]:
+    """What ``marginal-cost`` predicted, for the decision record: the chosen (or best,
+    when rejected) engine's TTFT/TPOT, the output length and cached tokens assumed,
+    the marginal cost of each ranked candidate (``candidates[].score`` too), and the
+    calibration sample counts of the engine types involved."""
+    types = {load.types[i] for i in ranked} or set(load.types)
+    calibration = load.calibration
+    out: dict[str, Any] = {"cost_s": list(decision.scores or ())}
+    if isinstance(decision, MarginalDecision):
+        out.update(
+            ttft_s=decision.ttft_s,
+            tpot_s=decision.tpot_s,
+            output_tokens=decision.output_tokens,
+            cached_tokens=decision.cached_tokens,
+        )
+        if decision.detail:
+            out["detail"] = decision.detail
+    out["calibration_samples"] = {
+        t: dict(calibration.model(t).samples_by_kind) for t in sorted(types)
+    }
+    return out
+
+
+def _unenforced(rejected: Decision) -> str:
+    """Why a request the policy found SLO-infeasible was routed anyway."""
+    detail = getattr(rejected, "detail", "") or REASON_SLO_INFEASIBLE
+    return (
+        f"{detail}; routed without the SLO: the calibration has fewer than "
+        f"{MIN_SAMPLES_TO_REJECT} samples per engine type and kind"
+    )
 
 
 def _pd_renderer(prefill: Any, decode: Any) -> Any:

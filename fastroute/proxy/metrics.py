@@ -15,7 +15,17 @@ name                                       type       labels / meaning
 ``fastroute_proxy_in_flight``              gauge      requests being handled
 ``fastroute_proxy_table_generation``       gauge      weight-table generation (0 fallback)
 ``fastroute_proxy_table_age_seconds``      gauge      now − the table's publish time
+``fastroute_proxy_calibration_coefficient`` gauge     type, coef: step-time coefficient (s)
+``fastroute_proxy_calibration_samples``    gauge      type, kind: observations folded in
+``fastroute_proxy_calibration_abs_rel_error`` gauge   type: EWMA of |relative error|
+``fastroute_proxy_calibration_sigma_rel``  gauge      type: robust relative residual scale
+``fastroute_proxy_calibration_p90_factor`` gauge      type, kind: conformal p90 factor
 =========================================  =========  =================================
+
+The ``calibration`` families exist only when a class uses ``marginal-cost``
+(:attr:`ProxyMetrics.calibration`); ``type`` is the engine ``hardware`` name, or
+``kv-transfer`` for the P→D transfer model (coefs ``latency_s``, ``s_per_token``,
+kind ``transfer``).
 
 ``engine`` is ``"none"`` for requests answered before an engine was chosen. A
 per-app :class:`~prometheus_client.CollectorRegistry` keeps several apps in one
@@ -29,6 +39,10 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from fastroute.predict.calibration import FleetCalibration
 
 __all__ = ["ProxyMetrics", "LATENCY_BUCKETS_S", "TBOT_BUCKETS_S"]
 
@@ -132,6 +146,10 @@ class ProxyMetrics:
         self._e2e_children: dict[tuple[str, str], Any] = {}
         self._ttft_children: dict[tuple[str, str], Any] = {}
         self._tbot_children: dict[tuple[str, str], Any] = {}
+        #: The ``marginal-cost`` policy's calibration, exported at scrape time; None
+        #: without one (set per config by ``install_marginal``).
+        self.calibration: FleetCalibration | None = None
+        r.register(_CalibrationCollector(self))
 
     def count_request(self, class_name: str, engine: str, status: int) -> None:
         """Count one response; folded into ``requests`` by :meth:`flush` (at scrape time)."""
@@ -174,3 +192,57 @@ def _child(cache: dict[tuple[str, str], Any], family: Any, a: str, b: str) -> An
     if child is None:
         child = cache[(a, b)] = family.labels(a, b)
     return child
+
+
+class _CalibrationCollector(Collector):
+    """Exports :attr:`ProxyMetrics.calibration` at scrape time (labels: engine type,
+    coefficient or kind: a handful of series per engine type)."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        cal = self.metrics.calibration
+        if cal is None:
+            return []
+        coef = GaugeMetricFamily(
+            "fastroute_proxy_calibration_coefficient",
+            "Calibrated step-time coefficient of an engine type, seconds (per token, "
+            "per sequence... as named).",
+            labels=["type", "coef"],
+        )
+        samples = GaugeMetricFamily(
+            "fastroute_proxy_calibration_samples",
+            "Timings folded into the calibration of an engine type, by kind.",
+            labels=["type", "kind"],
+        )
+        err = GaugeMetricFamily(
+            "fastroute_proxy_calibration_abs_rel_error",
+            "EWMA of the absolute relative prediction error (out of sample).",
+            labels=["type"],
+        )
+        sigma = GaugeMetricFamily(
+            "fastroute_proxy_calibration_sigma_rel",
+            "Robust relative scale of the calibration residuals.",
+            labels=["type"],
+        )
+        p90 = GaugeMetricFamily(
+            "fastroute_proxy_calibration_p90_factor",
+            "Split-conformal p90 factor (prediction times it bounds 90 % of timings).",
+            labels=["type", "kind"],
+        )
+        snap = cal.snapshot()
+        for name, state in sorted(snap.types.items()):
+            for c, value in state.coef.items():
+                coef.add_metric([name, c], value)
+            for kind, n in sorted(state.samples_by_kind.items()):
+                samples.add_metric([name, kind], n)
+            err.add_metric([name], state.abs_rel_err)
+            sigma.add_metric([name], state.sigma_rel)
+            for kind, factor in sorted(state.p90_factor.items()):
+                p90.add_metric([name, kind], factor)
+        tx = snap.transfer
+        coef.add_metric(["kv-transfer", "latency_s"], tx.latency_s)
+        coef.add_metric(["kv-transfer", "s_per_token"], tx.s_per_token)
+        samples.add_metric(["kv-transfer", "transfer"], tx.n_samples)
+        return [coef, samples, err, sigma, p90]

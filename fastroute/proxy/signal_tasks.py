@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector
 
 from fastroute.config import Config
 from fastroute.proxy.handler import ProxyContext
+from fastroute.proxy.marginal_setup import attach_scraper
 from fastroute.proxy.puller import WeightsPuller
 from fastroute.proxy.reporter import Reporter
 from fastroute.proxy.scraper import EngineScraper
@@ -212,6 +213,8 @@ def install_signal_tasks(
             interval_s=proxy.scrape_interval_s,
             timeout_s=proxy.scrape_timeout_s,
         )
+    if tasks.scraper is not None:
+        attach_scraper(ctx, tasks.scraper)  # the marginal-cost engine load merges scrapes
     app[SIGNALS] = tasks
     if tasks.puller is None and tasks.reporter is None and tasks.scraper is None:
         return

@@ -61,6 +61,7 @@ def test_snapshot_round_trips_and_starts_a_new_worker_calibrated(rand):
     assert fresh.model("a40").predict(f) == pytest.approx(1.8 * A40.decode_time_s(16, 8000))
     fresh.load(snapshot)
     assert fresh.model("a40").predict(f) == pytest.approx(learned.model("a40").predict(f), rel=1e-9)
+    assert fresh.model("a40").samples_by_kind == learned.model("a40").samples_by_kind
     # and it is not thrown away by its first local samples
     fresh.observe_decode("a40", 9, 16, 8000, A40.decode_time_s(16, 8000) * 1.5)
     assert fresh.model("a40").predict(f) == pytest.approx(A40.decode_time_s(16, 8000), rel=0.05)
@@ -74,6 +75,8 @@ def test_to_dict_exposes_coefficients_counts_and_errors(rand):
     a40 = d["types"]["a40"]
     assert set(a40["coef"]) == {"a0_s", "a1_s", "a2_s", "a3_s", "b0_s", "b1_s", "b2_s"}
     assert a40["n_samples"] == 100 and a40["calibrate"] is True
+    kinds = a40["samples_by_kind"]
+    assert set(kinds) == {"prefill", "decode"} and sum(kinds.values()) == 100
     assert 0 < a40["abs_rel_err"] < 0.2
     assert set(a40["p90_factor"]) == {"prefill", "decode"}
     assert set(a40["residuals"]) == {"prefill", "decode"}
