@@ -71,6 +71,7 @@ from fastroute.proxy.requests import (
 from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.proxy.routing_key import estimate_prompt_tokens, routing_key
 from fastroute.proxy.slo import request_slos
+from fastroute.proxy.sse import DATA_PREFIX, USAGE_MARK, output_events
 from fastroute.proxy.upstream import HOP_BY_HOP, UpstreamError, UpstreamPool
 from fastroute.signals.reports import DemandAggregator, completion_tokens_of
 from fastroute.tables.stats import Ewma
@@ -1164,13 +1165,16 @@ class InferenceHandler:
         labels = (cls.cls.name, attempt.engine)
         ctx.metrics.ttft_of(*labels).observe(first_at - t0)
         fleet.observe(index, Ewma.TTFT_S, first_at - t0)
-        n_chunks = 0
+        n_chunks = n_events = n_usage = 0
+        first = chunk
         last = b""  # the last chunk written; its tail is only looked at on failure
         failure: UpstreamError | None = None
         try:
             while chunk:
                 await sink.write(chunk)
                 n_chunks += 1
+                n_events += chunk.count(DATA_PREFIX)
+                n_usage += chunk.count(USAGE_MARK)
                 last_at = loop.time()
                 last = chunk
                 if tracked is not None:
@@ -1194,16 +1198,19 @@ class InferenceHandler:
         except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
             attempt.outcome = "client_disconnected"
             record.error = "client disconnected mid-stream"
-        if n_chunks > 1:
-            tbot = (last_at - first_at) / (n_chunks - 1)
-            record.timings["tbot_s"] = tbot
-            ctx.metrics.tbot_of(*labels).observe(tbot)
-            fleet.observe(index, Ewma.TBOT_S, tbot)
+        # TBOT over token events: the role event comes with the first token and [DONE]
+        # with the last, so the span first..last chunk covers n_tokens - 1 gaps
+        n_tokens = output_events(n_events, n_usage, first, last)
+        tbot_s: float | None = None
+        if n_tokens > 1:
+            tbot_s = (last_at - first_at) / (n_tokens - 1)
+            record.timings["tbot_s"] = tbot_s
+            ctx.metrics.tbot_of(*labels).observe(tbot_s)
+            fleet.observe(index, Ewma.TBOT_S, tbot_s)
         if ctx.aggregator is not None:
-            tbot_s = record.timings.get("tbot_s") if n_chunks > 1 else None
             engine_id = int(fleet.engine_ids[index])
             ctx.aggregator.observe_latency(engine_id, first_at - t0, tbot_s)
-            ctx.aggregator.observe_output(int(fleet.row_keys[cls.row]), n_chunks)
+            ctx.aggregator.observe_output(int(fleet.row_keys[cls.row]), n_tokens)
         return Reply(resp.status, headers, streamed=True)
 
 
