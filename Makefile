@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: all venv build debug annotate test test-compiled test-pure bench-smoke bench lint clean run
+.PHONY: all venv build debug annotate test test-compiled test-pure bench-smoke bench lint clean run engines
 
 all: test
 
@@ -51,9 +51,13 @@ bench: build
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,stddev,rounds \
 		--benchmark-sort=name $(BENCH_ARGS)
 
-# The main job available so far: the emulated fleet that examples/fastroute.toml expects
-# (four engines on 127.0.0.1:9100-9103). The routing demo (`fastroute demo`) is issue 8.
+# The main job on the embedded default: emulated engines in two regions, the controller and a
+# proxy per region on loopback, 60 s of multi-turn chat, a summary (docs/demo.md).
 run: build
+	$(BIN)/fastroute demo $(DEMO_ARGS)
+
+# The four emulated engines examples/fastroute.toml expects (127.0.0.1:9100-9103).
+engines: build
 	$(BIN)/fastroute engine --count 4 --base-port 9100 --model demo-8b
 
 clean:

@@ -1,0 +1,207 @@
+"""The fleet benchmark's spec file (TOML): fleet, workload, load, routers, faults, SLOs.
+
+Example (``examples/bench/`` has complete ones)::
+
+    name = "chat-90"
+    routers = ["fastroute", "sglang:cache_aware", "sglang:round_robin"]
+    duration_s = 60
+    load = 0.9                       # × Σ capacity_rps of the fleet, requests/s
+
+    [slo]
+    ttft_s = 2.0
+    tbot_s = 0.1
+
+    [fleet]
+    regions = [{ name = "local" }]
+    [[fleet.groups]]
+    name = "a40"
+    count = 4
+    profile = "a40"
+    model = "llama-3-8b"
+    region = "local"
+    capacity_rps = 1.5
+
+    [workload]                       # fastroute.workload.ChatWorkload fields
+    mean_turns = 4.0
+    sources = [{ name = "local" }]
+    models = [{ name = "llama-3-8b" }]
+
+    [[faults]]                       # optional: POST /admin/fault on one engine at at_s
+    at_s = 30.0
+    engine = "a40-0"
+    set = { slowdown = 3.0 }
+
+Routers are named ``fastroute`` or ``fastroute:<policy>``, ``sglang:<policy>``,
+``vllm-router:<policy>``, or a key of ``[router_commands]`` (a command template, see
+:mod:`fastroute.bench.routers`).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+from fastroute.bench.fleet import FleetSpec
+
+__all__ = ["SloSpec", "FaultSpec", "RouterCommand", "BenchSpec", "load_spec", "BenchSpecError"]
+
+_OPTS: dict[str, Any] = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True}
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class BenchSpecError(ValueError):
+    """A spec file that cannot be used; the message names the file and the problem."""
+
+
+class SloSpec(msgspec.Struct, **_OPTS):
+    """The SLOs of goodput, seconds."""
+
+    ttft_s: Positive = 2.0
+    tbot_s: Positive = 0.1
+
+
+class FaultSpec(msgspec.Struct, **_OPTS):
+    """A fault applied to one engine ``at_s`` seconds after each router's traffic starts.
+
+    ``set`` is the body of the emulator's ``POST /admin/fault`` (``slowdown``,
+    ``error_rate``, ``error_status``, ``hang``, ...: fastroute.emulator.faults).
+    """
+
+    at_s: Annotated[float, msgspec.Meta(ge=0)]
+    engine: str
+    set: dict[str, float | int | bool]
+
+
+class RouterCommand(msgspec.Struct, **_OPTS):
+    """A router started from a command template.
+
+    Attributes
+    ----------
+    command : tuple of str
+        Arguments; placeholders ``{python}``, ``{host}``, ``{port}``,
+        ``{metrics_port}``, ``{worker_urls_csv}``; an argument that is exactly
+        ``{worker_urls}`` becomes one argument per engine URL.
+    requires_module : str, optional
+        Python module that must be importable (else the router is reported unavailable).
+    requires_executable : str, optional
+        Program that must be on PATH or next to the Python executable.
+    """
+
+    command: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]
+    requires_module: str | None = None
+    requires_executable: str | None = None
+
+
+class BenchSpec(msgspec.Struct, **_OPTS):
+    """A benchmark: one fleet and one workload, run through each router in turn.
+
+    Attributes
+    ----------
+    name : str
+    description : str
+    routers : tuple of str
+        Routers under test, in run order.
+    duration_s : float
+        Measured traffic per router: no request is sent after ``warmup_s + duration_s``.
+    warmup_s : float
+        Traffic before the measured window (sessions start from t = 0; requests sent
+        before ``warmup_s`` are not counted).
+    drain_s : float
+        Then requests in flight get this long before they are cancelled.
+    seed : int
+        Workload seed (the same sessions for every router) and engine seeds.
+    load : float, optional
+        Target offered load as a fraction of Σ ``capacity_rps``: sets the workload's
+        session rate (open loop). Exclusive with ``concurrency``.
+    concurrency : int, optional
+        Closed loop with this many concurrent sessions.
+    stream : bool
+        SSE streaming.
+    send_session_id : bool
+        Send ``x-session-id`` (off: routers key on the conversation itself).
+    max_requests : int
+        Cap on requests per router run.
+    max_in_flight : int
+        Client-side bound on concurrent requests.
+    request_timeout_s : float
+        Per request.
+    overhead_requests : int
+        Sequential short requests, direct and through the router, before the run
+        (routing overhead at low load); 0 skips that phase.
+    controller_period_s : float
+        fastroute controller period.
+    slo : SloSpec
+    fleet : FleetSpec
+    workload : table
+        ``fastroute.workload.ChatWorkload`` fields; ``rate_sessions_per_s`` is computed
+        from ``load`` when ``load`` is set.
+    faults : tuple of FaultSpec
+    router_commands : table of RouterCommand
+        Custom routers by name.
+    """
+
+    name: str
+    fleet: FleetSpec
+    description: str = ""
+    routers: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)] = ("fastroute",)
+    duration_s: Positive = 60.0
+    warmup_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    drain_s: Annotated[float, msgspec.Meta(ge=0)] = 15.0
+    seed: int = 0
+    load: Positive | None = None
+    concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    stream: bool = True
+    send_session_id: bool = False
+    max_requests: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    max_in_flight: Annotated[int, msgspec.Meta(ge=1)] = 512
+    request_timeout_s: Positive = 60.0
+    overhead_requests: Annotated[int, msgspec.Meta(ge=0)] = 30
+    controller_period_s: Positive = 2.0
+    slo: SloSpec = SloSpec()
+    workload: dict[str, Any] = {}
+    faults: tuple[FaultSpec, ...] = ()
+    router_commands: dict[str, RouterCommand] = {}
+
+
+def load_spec(path: str | Path) -> BenchSpec:
+    """Read and check a spec file.
+
+    Raises
+    ------
+    BenchSpecError
+        Unreadable, not TOML, wrong types or unknown keys (with msgspec's JSON path),
+        or inconsistent: workload sources that are not fleet regions, faults on unknown
+        engines, both or neither of ``load`` and ``concurrency``.
+    """
+    from fastroute.workload import ChatWorkload, WorkloadError
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+        spec = msgspec.convert(data, BenchSpec)
+    except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise BenchSpecError(f"{path}: {exc}") from None
+    if (spec.load is None) == (spec.concurrency is None):
+        raise BenchSpecError(f"{path}: give exactly one of `load` (open loop) and `concurrency`")
+    try:
+        workload = ChatWorkload.from_dict(spec.workload)
+    except WorkloadError as exc:
+        raise BenchSpecError(f"{path}: [workload]: {exc}") from None
+    regions = {r.name for r in spec.fleet.regions}
+    for src in workload.sources:
+        if src.name not in regions:
+            raise BenchSpecError(
+                f"{path}: workload source {src.name!r} is not a fleet region {sorted(regions)}"
+            )
+    served = set(spec.fleet.models)
+    for model in workload.models:
+        if model.name not in served:
+            raise BenchSpecError(f"{path}: workload model {model.name!r} is served by no engine")
+    names = {f"{g.name}-{i}" for g in spec.fleet.groups for i in range(g.count)}
+    for fault in spec.faults:
+        if fault.engine not in names:
+            raise BenchSpecError(f"{path}: fault on unknown engine {fault.engine!r}")
+    return spec

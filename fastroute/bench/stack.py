@@ -1,0 +1,171 @@
+"""Start the emulated fleet and fastroute (controller + one proxy per source cluster).
+
+Used by ``fastroute demo`` and by the benchmark's ``fastroute`` router. Every
+shared-memory segment of a run is named ``{shm_prefix}-…`` with a run-unique prefix,
+so :func:`remove_segments` can delete exactly what the run created — including the
+weight table, which the controller leaves in place on purpose when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastroute.bench.configgen import ProxySettings, render_config
+from fastroute.bench.fleet import FleetSpec, PlannedEngine, fleet_command, plan_engines, write_plan
+from fastroute.bench.process import ManagedProcess, ProcessSet, free_port, wait_http_ok
+
+__all__ = ["run_prefix", "remove_segments", "start_fleet", "FastrouteStack", "READY_TIMEOUT_S"]
+
+#: Bound on each server's readiness wait, seconds.
+READY_TIMEOUT_S = 60.0
+
+
+def run_prefix(kind: str) -> str:
+    """A run-unique name prefix, e.g. ``fastroute-demo-1a2b3c4d``."""
+    return f"fastroute-{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_segments(prefix: str) -> list[str]:
+    """Delete every shared-memory file whose name starts with ``prefix``; return their names."""
+    from fastroute.tables.segment import shm_dir
+
+    if not prefix.startswith("fastroute-") or len(prefix) < 16:
+        raise ValueError(f"refusing to remove segments by the broad prefix {prefix!r}")
+    removed = []
+    for path in sorted(shm_dir().glob(prefix + "*")):
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except FileNotFoundError:
+            continue
+    return removed
+
+
+async def start_fleet(
+    procs: ProcessSet, fleet: FleetSpec, run_dir: Path, *, seed: int = 0
+) -> tuple[ManagedProcess, list[PlannedEngine]]:
+    """Start every engine of ``fleet`` in one process; wait until each answers ``/health``."""
+    engines = plan_engines(fleet, seed=seed)
+    plan = write_plan(engines, run_dir / "fleet-plan.json")
+    proc = procs.start("fleet", fleet_command(plan))
+    await asyncio.gather(
+        *(wait_http_ok(e.url + "/health", timeout_s=READY_TIMEOUT_S, process=proc) for e in engines)
+    )
+    return proc, engines
+
+
+@dataclass
+class FastrouteStack:
+    """fastroute over a running fleet: the controller and one proxy per source cluster.
+
+    Parameters
+    ----------
+    procs : ProcessSet
+        Where the processes are registered (and stopped).
+    fleet : FleetSpec
+    engines : sequence of PlannedEngine
+        The running engines.
+    sources : sequence of str
+        Source clusters; each must be a region of ``fleet``.
+    run_dir : Path
+        Config files go here.
+    shm_prefix : str
+        Run-unique prefix of the table and stats-block names.
+    policy : str
+        ``policy.default`` of the proxies.
+    period_s : float
+        Controller period.
+    slo_s : mapping, optional
+        Model → (TTFT, TBOT) SLO seconds (config classes).
+    log_level : str
+        ``--log-level`` of the children.
+    """
+
+    procs: ProcessSet
+    fleet: FleetSpec
+    engines: Sequence[PlannedEngine]
+    sources: Sequence[str]
+    run_dir: Path
+    shm_prefix: str
+    policy: str = "weighted-hrw"
+    period_s: float = 5.0
+    slo_s: Mapping[str, tuple[float, float]] | None = None
+    log_level: str = "WARNING"
+    controller: ManagedProcess | None = None
+    proxies: dict[str, ManagedProcess] = field(default_factory=dict)
+    proxy_urls: dict[str, str] = field(default_factory=dict)
+    controller_url: str = ""
+    config_paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def table_name(self) -> str:
+        """The shared-memory weight table of this run."""
+        return f"{self.shm_prefix}-weights"
+
+    def _cmd(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "fastroute", "--log-level", self.log_level, *args]
+
+    async def start(self) -> dict[str, str]:
+        """Write the configs, start the controller then the proxies; return source → URL.
+
+        The controller starts first and must publish before any proxy starts: a proxy's
+        weights puller would otherwise take the table's writer lock.
+        """
+        regions = {r.name for r in self.fleet.regions}
+        for source in self.sources:
+            if source not in regions:
+                raise ValueError(
+                    f"source cluster {source!r} is not a fleet region {sorted(regions)}"
+                )
+        controller_port = free_port()
+        self.controller_url = f"http://127.0.0.1:{controller_port}"
+        for index, source in enumerate(self.sources):
+            settings = ProxySettings(source, free_port(), f"{self.shm_prefix}-stats-{index}")
+            text = render_config(
+                self.fleet,
+                self.engines,
+                settings,
+                table_name=self.table_name,
+                controller_port=controller_port,
+                controller_url=self.controller_url,
+                policy=self.policy,
+                period_s=self.period_s,
+                slo_s=self.slo_s,
+            )
+            path = self.run_dir / f"fastroute-{source}.toml"
+            path.write_text(text)
+            self.config_paths[source] = path
+            self.proxy_urls[source] = f"http://127.0.0.1:{settings.port}"
+        first = self.config_paths[self.sources[0]]
+        self.controller = self.procs.start(
+            "controller", self._cmd("controller", "--config", str(first))
+        )
+        await wait_http_ok(
+            self.controller_url + "/health", timeout_s=READY_TIMEOUT_S, process=self.controller
+        )
+        for source in self.sources:
+            self.proxies[source] = self.procs.start(
+                f"proxy-{source}", self._cmd("serve", "--config", str(self.config_paths[source]))
+            )
+        await asyncio.gather(
+            *(
+                wait_http_ok(
+                    self.proxy_urls[s] + "/ready",
+                    timeout_s=READY_TIMEOUT_S,
+                    process=self.proxies[s],
+                )
+                for s in self.sources
+            )
+        )
+        return dict(self.proxy_urls)
+
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        """The controller and the proxies (what the benchmark counts as the router)."""
+        out = [self.controller] if self.controller is not None else []
+        return out + list(self.proxies.values())
