@@ -16,6 +16,7 @@ $SIM compare examples/scenarios/degraded.toml --out "$OUT/degraded" --quiet
 $SIM compare examples/scenarios/retry-storm.toml --out "$OUT/retry-storm" --quiet
 $SIM compare examples/scenarios/regional.toml --out "$OUT/regional" --quiet
 $SIM compare examples/scenarios/herd.toml --out "$OUT/herd" --quiet
+$SIM sweep examples/scenarios/pd-experiment.toml --out "$OUT/pd" --quiet
 cp "$OUT/oscillation/p-controller/weights.png" "$FIG/oscillation-p-controller-weights.png"
 cp "$OUT/oscillation/lp/weights.png" "$FIG/oscillation-lp-weights.png"
 cp "$OUT/oscillation/p-controller/ttft.png" "$FIG/oscillation-p-controller-ttft.png"
@@ -27,4 +28,5 @@ cp "$OUT/degraded/derating/ttft.png" "$FIG/degraded-derating-ttft.png"
 cp "$OUT/degraded/derating/weights.png" "$FIG/degraded-derating-weights.png"
 cp "$OUT/regional/global-lp/weights.png" "$FIG/regional-lp-weights.png"
 cp "$OUT/herd/greedy/ttft.png" "$FIG/herd-greedy-ttft.png"
+cp "$OUT/pd/goodput.png" "$FIG/pd-goodput.png"
 echo "results in $OUT, figures in $FIG"

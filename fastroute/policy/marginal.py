@@ -79,6 +79,14 @@ Tunables
     ``slo_ttft_s``, ``slo_tpot_s`` : float > 0 or None, seconds; default None.
         Class defaults (a :class:`MarginalRequest` may override per request).
     ``near_tie`` : float >= 0, relative; default 0.05.
+    ``infeasible`` : ``"reject"`` (default) or ``"deprioritise"``. What to do with a
+        request no engine is predicted to serve within its SLO: reject it (empty ranking,
+        the proxy answers 429), or route it anyway: behind the **longest** predicted wait
+        among candidates whose queue wait alone exceeds the TTFT SLO (reason
+        ``"slo-deprioritised"``; under P/D that prefill engine and its cheapest decode
+        partner) — it misses either way, and there it delays the fewest requests that can
+        still meet theirs — or, if no candidate is that overloaded (the request is too big
+        for its SLO anywhere), by least MC (reason ``"slo-miss-least-cost"``).
     ``engine_type`` : str; default ``"a40"``. Type of engines the view does not type.
     ``calibrate`` : bool; default True.
     ``bytes_per_token`` : float > 0; default 4.0 (English text, Llama-3 tokenizer).
@@ -134,12 +142,15 @@ __all__ = [
     "MarginalPairs",
     "MarginalRequest",
     "PairDecision",
+    "REASON_SLO_DEPRIORITISED",
     "REASON_SLO_INFEASIBLE",
     "StaticEngineStateView",
 ]
 
 #: ``Decision.reason`` when no engine is predicted to meet the request's SLO.
 REASON_SLO_INFEASIBLE = "slo-infeasible"
+#: ``Decision.reason`` when no engine meets the SLO and ``infeasible="deprioritise"``.
+REASON_SLO_DEPRIORITISED = "slo-deprioritised"
 
 #: Columns of :attr:`EngineState.values`, in order.
 COLUMNS = (
@@ -400,7 +411,8 @@ class MarginalPairs:
 
 class _Eval(tuple):
     """Scalar predictions of one candidate: ``(engine, mc, ttft, tpot, feasible, cached,
-    ext, first_step)``. A tuple subclass because one is built per candidate per decision
+    ext, first_step, wait)`` (``wait``: network + queue wait before its prefill starts). A
+    tuple subclass because one is built per candidate per decision
     and a tuple is about twice as cheap to build as a slotted object."""
 
     __slots__ = ()
@@ -413,6 +425,7 @@ class _Eval(tuple):
     cached = property(itemgetter(5))
     ext = property(itemgetter(6))
     first_step = property(itemgetter(7))
+    wait = property(itemgetter(8))
 
 
 class MarginalCost(Policy):
@@ -426,6 +439,9 @@ class MarginalCost(Policy):
         Class-default SLOs, seconds; ``None`` = none.
     near_tie : float
         Relative MC band of the power-of-two guard; 0.05.
+    infeasible : {"reject", "deprioritise"}
+        Reject a request predicted to miss its SLO everywhere, or route it behind the
+        longest predicted wait (see the module docstring).
     engine_type : str
         Calibration type of engines the view does not type; ``"a40"``.
     calibrate : bool
@@ -454,6 +470,7 @@ class MarginalCost(Policy):
         slo_ttft_s: float | None = None,
         slo_tpot_s: float | None = None,
         near_tie: float = 0.05,
+        infeasible: str = "reject",
         engine_type: str = DEFAULT_TYPE,
         calibrate: bool = True,
         bytes_per_token: float = 4.0,
@@ -471,6 +488,10 @@ class MarginalCost(Policy):
                 raise PolicyConfigError(f"marginal-cost: {label} must be > 0 or None, got {slo}")
         if not near_tie >= 0:
             raise PolicyConfigError(f"marginal-cost: near_tie must be >= 0, got {near_tie}")
+        if infeasible not in ("reject", "deprioritise"):
+            raise PolicyConfigError(
+                f"marginal-cost: infeasible must be 'reject' or 'deprioritise', got {infeasible!r}"
+            )
         if not bytes_per_token > 0:
             raise PolicyConfigError(
                 f"marginal-cost: bytes_per_token must be > 0, got {bytes_per_token}"
@@ -490,6 +511,7 @@ class MarginalCost(Policy):
         self.slo_ttft_s = slo_ttft_s
         self.slo_tpot_s = slo_tpot_s
         self.near_tie = float(near_tie)
+        self.infeasible = infeasible
         self.engine_type = engine_type
         self.calibrate = bool(calibrate)
         self.bytes_per_token = float(bytes_per_token)
@@ -531,12 +553,15 @@ class MarginalCost(Policy):
                 spill = self._spill(
                     mask, cands, ids, n, n_out, cached, state, loads, slo_ttft, slo_tpot
                 )
-                if spill is None:
+                if spill is not None:
+                    evals = [spill, *(ev for ev in evals if ev.engine != spill.engine)]
+                    feasible = [spill]
+                    reason = "slo-spill"
+                elif self.infeasible == "reject":
                     best = min(head, key=_mc)
                     return self._reject(view, best, n_out, slo_ttft, slo_tpot, len(evals))
-                evals = [spill, *(ev for ev in evals if ev.engine != spill.engine)]
-                feasible = [spill]
-                reason = "slo-spill"
+                else:
+                    feasible, reason = self._deprioritise(head, slo_ttft)
             else:
                 feasible = head
                 reason = "kv-full"
@@ -622,6 +647,13 @@ class MarginalCost(Policy):
                 pairs.append((cost, ttft, tx, ok, pe, de))
         feasible = [p for p in pairs if p[3]]
         reason = "marginal"
+        has_slo = slo_ttft is not None or slo_tpot is not None
+        if not feasible and has_slo and self.infeasible == "deprioritise":
+            sink, reason = self._deprioritise([p[4] for p in pairs], slo_ttft)
+            if reason == REASON_SLO_DEPRIORITISED:
+                feasible = [p for p in pairs if p[4] is sink[0]]
+            else:
+                feasible = pairs
         if not feasible:
             best = min(pairs, key=lambda p: p[0])
             if slo_ttft is not None or slo_tpot is not None:
@@ -695,7 +727,7 @@ class MarginalCost(Policy):
     def __repr__(self) -> str:
         return (
             f"<MarginalCost candidates={self.candidates} slo_ttft_s={self.slo_ttft_s} "
-            f"slo_tpot_s={self.slo_tpot_s} near_tie={self.near_tie} "
+            f"slo_tpot_s={self.slo_tpot_s} near_tie={self.near_tie} infeasible={self.infeasible} "
             f"calibrate={self.calibrate}>"
         )
 
@@ -844,7 +876,9 @@ class MarginalCost(Policy):
             ok = False
         if slo_tpot is not None and tpot > slo_tpot:
             ok = False
-        return _Eval((e, ttft + (n_out - 1) * tpot + ext, ttft, tpot, ok, c, ext, 0.0))
+        return _Eval(
+            (e, ttft + (n_out - 1) * tpot + ext, ttft, tpot, ok, c, ext, 0.0, net + r * wq)
+        )
 
     def _evaluate_decode(
         self,
@@ -879,7 +913,7 @@ class MarginalCost(Policy):
             overlap = 0.0
         ext = r * (b1 + b2 * half) * (overlap + q_req * n_out)
         ok = kv_cap <= 0 or kv_used + q_tok + n + n_out <= kv_cap
-        return _Eval((d, first + (n_out - 1) * tpot + ext, first, tpot, ok, c, ext, first))
+        return _Eval((d, first + (n_out - 1) * tpot + ext, first, tpot, ok, c, ext, first, 0.0))
 
     def _typical_remaining(self) -> float:
         """E[N] over all traffic: the remaining length assumed for a running request when
@@ -913,6 +947,19 @@ class MarginalCost(Policy):
             if ev.feasible and (best is None or ev.mc < best.mc):
                 best = ev
         return best
+
+    def _deprioritise(self, evals: list[_Eval], slo_ttft: float | None) -> tuple[list[_Eval], str]:
+        """Where a request predicted to miss its SLO everywhere goes (``infeasible =
+        "deprioritise"``): behind the longest predicted wait among candidates whose wait
+        alone already exceeds the TTFT SLO (requests routed there miss anyway), else, if
+        the request misses only through its own size, by least MC like any other: an
+        engine that is not already overloaded is never made a sink, so an idle engine
+        keeps receiving work whatever the model predicts (work conservation)."""
+        if slo_ttft is not None:
+            over = [ev for ev in evals if ev.wait > slo_ttft]
+            if over:
+                return [max(over, key=_wait)], REASON_SLO_DEPRIORITISED
+        return evals, "slo-miss-least-cost"
 
     def _near_tie(self, view: FleetView, feasible: list[_Eval], best: _Eval) -> tuple[_Eval, bool]:
         band = best.mc * (1.0 + self.near_tie)
@@ -977,6 +1024,10 @@ def _two(rng: random.Random, items: list[Any]) -> tuple[Any, Any]:
 
 def _mc(ev: _Eval) -> float:
     return ev.mc
+
+
+def _wait(ev: _Eval) -> float:
+    return ev.wait
 
 
 def _rank_key(ev: _Eval) -> tuple[bool, float]:

@@ -16,6 +16,7 @@ from fastroute.policy.base import Policy, PolicyConfigError
 from fastroute.policy.cache_aware import CacheAware
 from fastroute.policy.consistent_hash import ConsistentHash
 from fastroute.policy.least_request import LeastRequest
+from fastroute.policy.length_heuristic import LengthHeuristic
 from fastroute.policy.marginal import MarginalCost
 from fastroute.policy.power_of_two import PowerOfTwo
 from fastroute.policy.round_robin import RoundRobin
@@ -34,6 +35,7 @@ POLICIES: dict[str, type[Policy]] = {
         ConsistentHash,
         CacheAware,
         MarginalCost,
+        LengthHeuristic,
     )
 }
 

@@ -367,10 +367,13 @@ class StepTimeModel:
         bound = self.bounds.get(kind)
         if bound is None:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        time_s = float(time_s)  # a numpy scalar must not leak into the exported state
         if not (time_s > 0.0 and math.isfinite(time_s)):
             raise ValueError(f"time_s must be positive and finite, got {time_s}")
         if not self.calibrate:
             return
+        if engine_id is not None:
+            engine_id = int(engine_id)
         base = self.rls.predict_list(features)
         res = None
         if engine_id is not None:

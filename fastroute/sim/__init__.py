@@ -29,6 +29,8 @@ __all__ = [
     "load_scenario",
     "make_optimiser",
     "summarize",
+    "ReplayMix",
+    "run_sweep",
 ]
 
 _WHERE = {
@@ -44,6 +46,8 @@ _WHERE = {
     "Scenario": "fastroute.sim.scenario",
     "ScenarioError": "fastroute.sim.scenario",
     "load_scenario": "fastroute.sim.scenario",
+    "ReplayMix": "fastroute.sim.replay",
+    "run_sweep": "fastroute.sim.sweep",
 }
 
 

@@ -4,10 +4,12 @@
 
     fastroute sim run SCENARIO.toml --policy NAME --seed S --out DIR [--set KEY=VALUE ...]
     fastroute sim compare SCENARIO.toml --policies a,b,c --seed S --out DIR
+    fastroute sim sweep EXPERIMENT.toml --out DIR [--seeds 1,2,3] [--set KEY=VALUE ...]
 
 ``compare`` runs one arm per policy, or, when the scenario has ``[[variants]]``, one
 arm per variant (times each policy, if ``--policies`` is given too). Each arm writes a
 run directory; the comparison writes ``report.md`` and ``metrics.json`` on top.
+``sweep`` runs a grid of cases × arms × seeds (:mod:`fastroute.sim.sweep`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="step every decode step (for checking; slower)",
         )
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p = sub.add_parser("sweep", help="run a grid of cases x arms x seeds (an experiment file)")
+    p.add_argument(
+        "experiment", help="experiment TOML file (e.g. examples/scenarios/pd-experiment.toml)"
+    )
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the file's)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of the base scenario, e.g. --set duration_s=60",
+    )
+    p.add_argument("--quiet", action="store_true", help="no per-run lines")
 
 
 class _Progress:
@@ -108,6 +124,30 @@ def _one(
     return sim.policy_name, metrics
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fastroute.policy import PolicyConfigError
+    from fastroute.sim.sweep import run_sweep
+    from fastroute.workload import WorkloadError
+
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(",") if s) if args.seeds else None
+    except ValueError:
+        print(f"fastroute sim: --seeds must be integers, got {args.seeds!r}", file=sys.stderr)
+        return 2
+    say = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        run_sweep(
+            args.experiment, args.out, seeds=seeds, settings=_settings(args.set), progress=say
+        )
+    except (WorkloadError, PolicyConfigError, ValueError) as exc:
+        print(f"fastroute sim: {exc}", file=sys.stderr)
+        return 2
+    print((Path(args.out) / "report.md").read_text(), end="")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute ``fastroute sim``; return the exit status."""
     from pathlib import Path
@@ -121,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from fastroute.workload import WorkloadError
 
+    if args.sim_command == "sweep":
+        return _sweep(args)
     try:
         base = apply_settings(load_scenario_dict(args.scenario), _settings(args.set))
         scenario = scenario_from_dict(base, args.scenario)

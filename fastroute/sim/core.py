@@ -40,15 +40,16 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
-from fastroute.emulator.profiles import get_profile
 from fastroute.hashing import engine_id as make_engine_id
 from fastroute.hashing import key_hash
 from fastroute.policy import RouteRequest
+from fastroute.policy.marginal import REASON_SLO_INFEASIBLE, MarginalRequest
 from fastroute.proxy.admission import Verdict, should_shed
 from fastroute.proxy.outlier import Outcome
 from fastroute.sim.capacity import estimate_capacity_rps, idle_latencies, request_shapes
 from fastroute.sim.control import ControlInput, ControlOutput, EngineWindow, Optimiser
-from fastroute.sim.fleet import DataPlane, SimEngine
+from fastroute.sim.fleet import DataPlane, SimEngine, engine_load
+from fastroute.sim.profiles import nominal_step_times, sim_profile, true_profile
 from fastroute.sim.records import RequestRecord
 from fastroute.sim.scenario import Scenario, ScenarioError
 from fastroute.workload import Burst, Session, SessionPrompts, generate_sessions, load_trace
@@ -149,6 +150,7 @@ class _Req:
         "attempts",
         "tried",
         "decision",
+        "decode_ranked",
         "ticket",
         "holds_slot",
         "record",
@@ -169,6 +171,13 @@ class _Attempt:
         "phase",
         "failed",
         "generation",
+        "p_open",
+        "d_open",
+        "load0",
+        "dload0",
+        "prefill_end_s",
+        "prefill_cached",
+        "decode_route",
     )
 
 
@@ -178,6 +187,18 @@ def prepare_sessions(scenario: Scenario, seed: int) -> tuple[list[Session], floa
     ``spike`` faults become workload bursts; ``target_load`` is applied by the
     simulator (it needs capacities), so this uses the workload's own rate.
     """
+    if scenario.replay is not None:
+        from fastroute.sim.replay import mixed_replay_sessions
+
+        rp = scenario.replay
+        sessions = mixed_replay_sessions(
+            rp,
+            duration_s=scenario.duration_s,
+            sources=tuple(r.name for r in scenario.regions),
+            seed=seed,
+            base_dir=scenario.base_dir,
+        )
+        return sessions, 0.0
     w = scenario.workload
     spikes = tuple(
         Burst(
@@ -254,7 +275,10 @@ class Simulator:
         if sessions is None:
             sessions, rate = prepare_sessions(sc, self.seed)
             if sc.target_load is not None and sc.trace is None and sessions:
-                sessions = self._scale_to_load(sessions, rate)
+                if sc.replay is not None:
+                    sessions = self._scale_replay(sessions)
+                else:
+                    sessions = self._scale_to_load(sessions, rate)
         self.sessions = list(sessions)
         self._calibrate()
         self._build_classes()
@@ -269,6 +293,8 @@ class Simulator:
     def _build_engines(self) -> None:
         sc = self.scenario
         self.engines: list[SimEngine] = []
+        self.nominal: dict[str, Any] = {}
+        self.transfer_nominal: dict[str, tuple[float, float, float]] = {}
         for g in sc.engines:
             cfg = EngineConfig(
                 max_num_seqs=g.max_num_seqs,
@@ -277,7 +303,17 @@ class Simulator:
                 max_waiting=g.max_waiting,
                 enable_prefix_caching=g.enable_prefix_caching,
             )
-            profile = get_profile(g.profile)
+            datasheet = sim_profile(g.profile)
+            profile = true_profile(datasheet, g.step_time_factors)
+            type_name = g.profile.lower()
+            if type_name not in self.nominal:
+                # What the policy starts from: the datasheet profile, not the true one.
+                self.nominal[type_name] = nominal_step_times(datasheet, g.max_num_batched_tokens)
+                self.transfer_nominal[type_name] = (
+                    cfg.kv_transfer_latency_s,
+                    float(datasheet.kv_bytes_per_token),
+                    cfg.kv_transfer_bandwidth_Bps,
+                )
             for i in range(g.count):
                 name = f"{g.name}-{i}"
                 idx = len(self.engines)
@@ -293,6 +329,7 @@ class Simulator:
                         profile,
                         cfg,
                         seed=self.seed * 7919 + idx,
+                        type_name=type_name,
                     )
                 )
         self.engine_names = tuple(e.name for e in self.engines)
@@ -327,6 +364,30 @@ class Simulator:
         self.scenario = sc = msgspec.structs.replace(sc, workload=w, target_load=None)
         sessions, _ = prepare_sessions(sc, self.seed)
         return sessions
+
+    def _scale_replay(self, sessions: list[Session]) -> list[Session]:
+        """Replay at ``target_load`` × the fleet's capacity (one request per session)."""
+        import msgspec
+
+        sc = self.scenario
+        self._calibrate(sessions)
+        capacity = self._pool_capacity_rps()
+        rp = msgspec.structs.replace(sc.replay, rate_rps=sc.target_load * capacity)  # type: ignore[operator]
+        self.scenario = sc = msgspec.structs.replace(sc, replay=rp, target_load=None)
+        sessions, _ = prepare_sessions(sc, self.seed)
+        return sessions
+
+    def _pool_capacity_rps(self) -> float:
+        """Requests/s the fleet serves at ρ = 1: mixed engines plus, per disaggregated
+        model, the smaller of its prefill and decode pools."""
+        total = 0.0
+        for m in sorted({e.model_name for e in self.engines}):
+            pool = [e for e in self.engines if e.model_name == m]
+            mixed = sum(e.capacity_rps for e in pool if e.role == "mixed")
+            pre = sum(e.capacity_rps for e in pool if e.role == "prefill")
+            dec = sum(e.capacity_rps for e in pool if e.role == "decode")
+            total += mixed + (min(pre, dec) if pre and dec else 0.0)
+        return total
 
     def _calibrate(self, sessions: Sequence[Session] | None = None) -> None:
         """Nominal capacity and idle latencies per engine from the workload's shapes."""
@@ -411,12 +472,50 @@ class Simulator:
         models = sorted({e.model_name for e in self.engines})
         pool = [models.index(e.model_name) for e in self.engines]
         ids = [e.engine_id for e in self.engines]
+        self.type_names = tuple(sorted(self.nominal))
+        types = [self.type_names.index(e.type_name) for e in self.engines]
         self.dataplanes = [
-            DataPlane(i, r, self.policy_name, self.scenario.dataplane, ids, self.weights, pool)
+            DataPlane(
+                i,
+                r,
+                self.policy_name,
+                self.scenario.dataplane,
+                ids,
+                self.weights,
+                pool,
+                type_names=self.type_names,
+                engine_types=types,
+                policy_extra=self._policy_extra(i),
+            )
             for i, r in enumerate(self.regions)
         ]
         for dp in self.dataplanes:
             dp.table_version = 0
+
+    def _policy_extra(self, dp_index: int) -> dict[str, Any]:
+        """Constructor arguments the simulator supplies to ``marginal-cost`` (as the proxy
+        does, :mod:`fastroute.proxy.marginal_setup`): a calibration starting from the
+        engines' *datasheet* constants (not their true ones), and a seeded sampler."""
+        if self.policy_name != "marginal-cost":
+            return {}
+        from fastroute.predict.calibration import FleetCalibration, KVTransferModel
+
+        params = self.scenario.dataplane.policy_params
+        calibrate = bool(params.get("calibrate", True))
+        first = self.type_names[0]
+        latency, per_token, bandwidth = self.transfer_nominal[first]
+        extra: dict[str, Any] = {
+            "calibration": FleetCalibration(
+                self.nominal,
+                default_type=first,
+                calibrate=calibrate,
+                transfer=KVTransferModel(latency, per_token, bandwidth, calibrate=calibrate),
+            ),
+            "engine_type": first,
+        }
+        if "seed" not in params and "rng" not in params:
+            extra["seed"] = self.seed * 104729 + dp_index
+        return extra
 
     # -- event plumbing ------------------------------------------------------------------------
     def _push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
@@ -628,6 +727,8 @@ class Simulator:
                 continue
             e.live.pop(mreq.request_id, None)
             if att.phase == "prefill":
+                att.prefill_end_s = end
+                att.prefill_cached = mreq.num_cached_tokens
                 d = self.engines[att.decode_engine]
                 hop = self.latency_s[self.region_index[e.region], self.region_index[d.region]]
                 self._push(end + hop, K_TRANSFER, att)
@@ -687,13 +788,95 @@ class Simulator:
             except KeyError:
                 pass  # expired: the decode side recomputes nothing here, the KV still "arrives"
             self._kick(p, t)
+        # The prefill request's answer reaches the data plane: the prefill engine's part
+        # of the attempt is over (its in-flight count, policy hook and calibration).
+        self._release_prefill(att, True)
         if not d.up or self._cut(p.region, d.region):
             self._push(t + back, K_RESPONSE, att, Outcome.CONNECT_ERROR)
             return
         att.phase = "decode"
+        self._touch(d, t)
+        if dp.calibration is not None:
+            q_tok, _, b, ctx, _ = engine_load(d.model)
+            att.dload0 = (int(b), int(ctx), int(q_tok))
+        dp.policy.on_routed(att.decode_route, d.engine_id)
+        dp.loads[d.index] += 1
+        dp.token_loads[d.index] += att.req.prompt.num_tokens + att.req.max_tokens
+        att.d_open = True
         fail = self._submit(d, att, t, output_tokens=att.req.max_tokens, remote_prefill=True)
         if fail is not None:
+            self._kick(d, t)
             self._push(t + back, K_RESPONSE, att, fail)
+
+    def _release_prefill(self, att: _Attempt, ok: bool) -> None:
+        """The attempt's first engine (prefill, or the whole request) is done with it."""
+        if not att.p_open:
+            return
+        att.p_open = False
+        req = att.req
+        dp = req.sess.dp
+        e = self.engines[att.engine]
+        dp.loads[e.index] -= 1
+        dp.token_loads[e.index] -= req.prompt.num_tokens + req.max_tokens
+        dp.policy.on_complete(req.route, e.engine_id, ok)
+        if ok and att.decode_engine >= 0 and dp.calibration is not None and att.load0:
+            # A P/D prefill answers one token as JSON: the proxy calibrates the prefill
+            # model with the whole attempt (forward -> answer), network included.
+            back = self.dp_engine_lat[self.region_index[dp.region]][e.index]
+            # float(): event times may be numpy scalars (latency matrix), and the
+            # calibration state must stay plain floats (it is exported as JSON).
+            took = float(att.prefill_end_s + back - att.sent_s)
+            n = req.prompt.num_tokens
+            c = min(max(0, att.prefill_cached), n - 1)
+            b0, s0, q0 = att.load0
+            if took > 0:
+                dp.calibration.observe_prefill(
+                    e.type_name, e.engine_id, n - c, c, took,
+                    batch=b0, context=s0, queued_tokens=q0,
+                )  # fmt: skip
+
+    def _release_decode(self, att: _Attempt, ok: bool) -> None:
+        """The P/D attempt's decode engine is done with it."""
+        if not att.d_open:
+            return
+        att.d_open = False
+        req = att.req
+        dp = req.sess.dp
+        d = self.engines[att.decode_engine]
+        dp.loads[d.index] -= 1
+        dp.token_loads[d.index] -= req.prompt.num_tokens + req.max_tokens
+        dp.policy.on_complete(att.decode_route, d.engine_id, ok)
+
+    def _calibrate_from(self, att: _Attempt, t: float, first_dp_s: float) -> None:
+        """Feed a served request's timings to the policy, as the proxy does
+        (fastroute.proxy.engine_load): TTFT over the prompt's uncached tokens and the load
+        met on arrival, mean TBOT at the batch it ran beside, and the output length. All
+        times are the data plane's: forward -> first chunk -> last chunk."""
+        req = att.req
+        dp = req.sess.dp
+        cal = dp.calibration
+        n, out = req.prompt.num_tokens, req.max_tokens
+        if att.decode_engine < 0:
+            e = self.engines[att.engine]
+            load = att.load0
+            if load is not None:
+                b0, s0, q0 = load
+                mreq = att.mreq
+                c = min(max(0, mreq.num_cached_tokens if mreq is not None else 0), n - 1)
+                ttft = float(first_dp_s - att.sent_s)
+                if ttft > 0:
+                    cal.observe_prefill(
+                        e.type_name, e.engine_id, n - c, c, ttft,
+                        batch=b0, context=s0, queued_tokens=q0,
+                    )  # fmt: skip
+        else:
+            e = self.engines[att.decode_engine]
+            load = att.dload0
+        if load is not None and out > 1 and t > first_dp_s:
+            b0, s0, _ = load
+            tbot = float(t - first_dp_s) / (out - 1)
+            cal.observe_decode(e.type_name, e.engine_id, b0 + 1, int(s0 + n + out / 2), tbot)
+        dp.policy.observe_output(req.route, out, t)
 
     # -- data planes ---------------------------------------------------------------------------
     def _cut(self, region_a: str, region_b: str) -> bool:
@@ -714,16 +897,27 @@ class Simulator:
         spec = s.turns[turn]
         req.max_tokens = spec.max_tokens
         prefix = self._prefix(sess, turn) if dp.policy.needs_prefix else b""
-        req.route = RouteRequest(
-            key_hash=key_hash(s.session_id),
-            row=req.row,
-            prompt_tokens=req.prompt.num_tokens,
-            prefix=prefix,
-        )
+        if dp.calibration is not None:
+            # The tenant keys the output-length histograms (a proxy gets it from a header).
+            req.route = MarginalRequest(
+                key_hash=key_hash(s.session_id),
+                row=req.row,
+                prompt_tokens=req.prompt.num_tokens,
+                prefix=prefix,
+                tenant=s.tenant,
+            )
+        else:
+            req.route = RouteRequest(
+                key_hash=key_hash(s.session_id),
+                row=req.row,
+                prompt_tokens=req.prompt.num_tokens,
+                prefix=prefix,
+            )
         req.arrival_s = t
         req.attempts = 0
         req.tried = ()
         req.decision = None
+        req.decode_ranked = ()
         req.ticket = -1
         req.holds_slot = False
         req.done = False
@@ -778,18 +972,72 @@ class Simulator:
                 size += len(parts[-1])
         return "\n".join(parts).encode()[:PREFIX_BYTES]
 
+    def _fill_state(self, dp: DataPlane, t: float, req: _Req) -> None:
+        """Bring ``dp``'s :class:`EngineState` (and exact prefix hits) up to ``t``.
+
+        Read from the engine models' scheduler state (:func:`fastroute.sim.fleet.engine_load`):
+        counts and KV usage as vLLM exports them, token sums as the proxy's bookkeeping
+        estimates them, here exact and fresh (an upper bound on a data plane's knowledge).
+        """
+        v = dp.state.values
+        lat = self.dp_engine_lat[self.region_index[dp.region]]
+        hashes = req.prompt.block_hashes
+        max_blocks = (req.prompt.num_tokens - 1) // 16
+        hits = np.zeros(len(self.engines)) if dp.policy.needs_prefix else None
+        touched = []
+        for e in self.engines:
+            if e.lazy_from is not None:
+                self._touch(e, t)
+                touched.append(e)
+            row = v[e.index]
+            if e.up:
+                m = e.model
+                row[0], row[1], row[2], row[3], row[5] = engine_load(m)
+                row[6] = m.kv.num_blocks * 16
+                if hits is not None and e.config.enable_prefix_caching and hashes:
+                    hits[e.index] = m.kv.lookup(hashes, max_blocks)[0] * 16
+            else:
+                row[0] = row[1] = row[2] = row[3] = row[5] = 0.0
+            row[8] = lat[e.index]
+        for e in touched:
+            self._kick(e, t)
+        dp.view.prefix_hits = hits
+
     def _dispatch(self, t: float, req: _Req) -> None:
         dp = req.sess.dp
         dp.refresh_mask(t)
+        if dp.needs_state:
+            self._fill_state(dp, t, req)
         k = dp.config.k
         engine = -1
+        decode = -1
         if req.decision is not None:
             for i in req.decision.ranked:
                 if i not in req.tried:
                     engine = i
                     break
-        if engine < 0:
+        pairs = getattr(dp.policy, "choose_pair", None) if req.decode_row >= 0 else None
+        if engine < 0 and pairs is not None:
+            pd = pairs(
+                req.route, dp.view, dp.view, prefill_row=req.row, decode_row=req.decode_row, k=k
+            )
+            if pd.reason == REASON_SLO_INFEASIBLE:
+                self._finish(req, t, "shed", REASON_SLO_INFEASIBLE)
+                return
+            req.decision = pd.prefill
+            req.decode_ranked = pd.decode.ranked
+            ranked = pd.prefill.ranked
+            for i in ranked:
+                if i not in req.tried:
+                    engine = i
+                    break
+            else:
+                engine = ranked[0] if ranked else -1
+        elif engine < 0:
             req.decision = dp.policy.choose(req.route, dp.view, k)
+            if req.decision.reason == REASON_SLO_INFEASIBLE:
+                self._finish(req, t, "shed", REASON_SLO_INFEASIBLE)
+                return
             ranked = req.decision.ranked
             for i in ranked:
                 if i not in req.tried:
@@ -800,16 +1048,20 @@ class Simulator:
         if engine < 0:
             self._finish(req, t, "failed", "no-engine")
             return
-        decode = -1
+        droute = None
         if req.decode_row >= 0:
             droute = RouteRequest(
                 key_hash=req.route.key_hash, row=req.decode_row, prompt_tokens=req.prompt.num_tokens
             )
-            dd = dp.policy.choose(droute, dp.view, 1)
-            if not dd.ranked:
-                self._finish(req, t, "failed", "no-engine")
-                return
-            decode = dd.ranked[0]
+            if req.decode_ranked:
+                # The pair's decode ranking; a retry moves down it.
+                decode = req.decode_ranked[req.attempts % len(req.decode_ranked)]
+            else:
+                dd = dp.policy.choose(droute, dp.view, 1)
+                if not dd.ranked:
+                    self._finish(req, t, "failed", "no-engine")
+                    return
+                decode = dd.ranked[0]
         att = _Attempt()
         att.req = req
         att.n = req.attempts
@@ -822,6 +1074,17 @@ class Simulator:
         att.phase = ""
         att.failed = False
         att.generation = -1
+        att.p_open = True
+        att.d_open = False
+        att.dload0 = None
+        att.prefill_end_s = -1.0
+        att.prefill_cached = 0
+        att.decode_route = droute
+        if dp.needs_state:
+            row = dp.state.values[engine]
+            att.load0 = (int(row[2]), int(row[3]), int(row[0]))  # B, S, queued tokens
+        else:
+            att.load0 = None
         req.attempts += 1
         req.tried = (*req.tried, engine)
         e = self.engines[engine]
@@ -838,10 +1101,9 @@ class Simulator:
         dp = req.sess.dp
         e = self.engines[att.engine]
         i = att.engine
-        dp.loads[i] -= 1
-        dp.token_loads[i] -= req.prompt.num_tokens + req.max_tokens
         ok = outcome is Outcome.SUCCESS
-        dp.policy.on_complete(req.route, e.engine_id, ok)
+        self._release_prefill(att, ok)
+        self._release_decode(att, ok)
         if dp.outlier is not None:
             dp.outlier.record(i, outcome, t)
         w = self._window
@@ -854,7 +1116,8 @@ class Simulator:
             j = att.decode_engine if att.decode_engine >= 0 else i
             # Client-side first token: the engine's emission plus the way back.
             first = att.first_token_s if att.first_token_s is not None else t
-            ttft = first + self.dp_engine_lat[self.region_index[dp.region]][j] - req.arrival_s
+            back_j = self.dp_engine_lat[self.region_index[dp.region]][j]
+            ttft = first + back_j - req.arrival_s
             out = req.max_tokens
             w.ttft_count[i] += 1
             w.ttft_sum_s[i] += ttft
@@ -866,6 +1129,8 @@ class Simulator:
             rec = req.record
             rec.first_token_s = req.arrival_s + ttft
             rec.output_tokens = out
+            if dp.calibration is not None:
+                self._calibrate_from(att, t, first + back_j)
             mreq = att.mreq
             if mreq is not None:
                 rec.cached_tokens = mreq.num_cached_tokens if att.decode_engine < 0 else -1

@@ -19,13 +19,51 @@ import numpy as np
 
 from fastroute.emulator.model import EngineConfig, EngineModel
 from fastroute.emulator.profiles import HardwareProfile
-from fastroute.policy import Policy, StaticFleetView, make_policy
+from fastroute.policy import Policy, make_policy
+from fastroute.policy.marginal import EngineState, StaticEngineStateView
 from fastroute.proxy.admission import QueueDelayGuard
 from fastroute.proxy.outlier import OutlierDetector
 from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.sim.scenario import DataPlaneConfig
 
-__all__ = ["SimEngine", "DataPlane"]
+__all__ = ["SimEngine", "DataPlane", "engine_load", "STATE_POLICIES"]
+
+#: Policies that read per-engine load (an :class:`~fastroute.policy.marginal.EngineState`);
+#: the simulator fills the state before each of their decisions.
+STATE_POLICIES = frozenset({"marginal-cost", "length-heuristic"})
+
+
+def engine_load(model: EngineModel) -> tuple[float, float, float, float, float]:
+    """``(queued prefill tokens, queued requests, running seqs, running context tokens,
+    KV tokens in use)`` of an engine model, read exactly from its scheduler state.
+
+    Queued tokens are the uncomputed prompt (and, for a request preempted or whose KV
+    is arriving, context) tokens of waiting and loading requests plus the unprefilled
+    rest of running ones; the running context is the computed tokens of the running
+    batch. vLLM exports the counts and KV usage as metrics; the token sums are what the
+    proxy estimates from its own bookkeeping (fastroute.proxy.engine_load).
+    """
+    # EngineModel has no public snapshot of its queues; read them (no mutation).
+    q_tok = 0
+    for r in model._waiting:
+        q_tok += r.num_prompt_tokens + r.num_output - r.num_computed
+    for r in model._loading:
+        q_tok += r.num_prompt_tokens + r.num_output - r.num_computed
+    ctx = 0
+    for r in model._running:
+        c = r.num_computed
+        ctx += c
+        rest = r.num_prompt_tokens - c
+        if rest > 0:
+            q_tok += rest
+    kv = model.kv_usage * model.kv.num_blocks * 16
+    return (
+        float(q_tok),
+        float(len(model._waiting) + len(model._loading)),
+        float(len(model._running)),
+        float(ctx),
+        float(kv),
+    )
 
 
 class SimEngine:
@@ -57,6 +95,7 @@ class SimEngine:
         "preemptions_lost",
         "cache_hits_lost",
         "cache_queries_lost",
+        "type_name",
     )
 
     def __init__(
@@ -71,8 +110,10 @@ class SimEngine:
         profile: HardwareProfile,
         config: EngineConfig,
         seed: int,
+        type_name: str = "",
     ) -> None:
         self.index = index
+        self.type_name = type_name or profile.name
         self.name = name
         self.engine_id = engine_id
         self.group = group
@@ -162,6 +203,18 @@ class DataPlane:
         Initial table.
     pool_ids : sequence of int
         Pool of each engine for the ejection cap (its model).
+    type_names : tuple of str
+        Engine type names (calibration keys) of the :class:`EngineState`.
+    engine_types : sequence of int
+        Index into ``type_names`` per engine.
+    policy_extra : dict
+        Constructor arguments the simulator adds to ``config.policy_params``.
+
+    Attributes
+    ----------
+    state : EngineState
+        Per-engine load, kept across tables; filled by the simulator before each
+        decision of a :data:`STATE_POLICIES` policy (``needs_state``).
     """
 
     def __init__(
@@ -173,13 +226,30 @@ class DataPlane:
         engine_ids: list[int],
         weights: np.ndarray,
         pool_ids: list[int],
+        *,
+        type_names: tuple[str, ...] = ("a40",),
+        engine_types: list[int] | None = None,
+        policy_extra: dict[str, Any] | None = None,
     ) -> None:
         self.index = index
         self.region = region
         self.config = config
-        self.policy: Policy = make_policy(policy_name, **config.policy_params)
+        params = {**config.policy_params, **(policy_extra or {})}
+        self.policy: Policy = make_policy(policy_name, **params)
+        self.needs_state = policy_name in STATE_POLICIES
+        #: The policy's FleetCalibration if it calibrates from observed timings
+        #: (``marginal-cost``): the simulator feeds it as the proxy does.
+        self.calibration = (
+            getattr(self.policy, "calibration", None)
+            if hasattr(self.policy, "observe_output")
+            else None
+        )
         self.engine_ids = engine_ids
         n = len(engine_ids)
+        self.type_names = type_names
+        self.state = EngineState(n, type_names)
+        if engine_types is not None:
+            self.state.column("engine_type")[:] = engine_types
         self.loads = np.zeros(n, dtype=np.int64)
         self.token_loads = np.zeros(n, dtype=np.int64)
         self.view = self._make_view(weights)
@@ -216,8 +286,9 @@ class DataPlane:
 
     def _make_view(
         self, weights: np.ndarray, published_loads: np.ndarray | None = None
-    ) -> StaticFleetView:
-        view = StaticFleetView(self.engine_ids, weights)
+    ) -> StaticEngineStateView:
+        view = StaticEngineStateView(self.engine_ids, weights, type_names=self.type_names)
+        view.state = self.state
         if self.config.load_view == "global-stale" and published_loads is not None:
             # Every data plane sees the same fleet-wide snapshot until the next table.
             view.loads = published_loads

@@ -3,8 +3,10 @@
 Sections (all optional except ``[[engines]]``; field reference in docs/simulator.md):
 ``[slo]``, ``[[regions]]``, ``[network]``, ``[[engines]]``, ``[workload]`` (a
 :class:`~fastroute.workload.ChatWorkload`) or ``[trace]``, ``[dataplane]``,
-``[control]``, ``[[faults]]``. Decoded with ``msgspec.convert`` into frozen Structs
-that reject unknown keys, then checked across fields (names unique, references resolve).
+``[control]``, ``[[faults]]``; ``[replay]`` (a bursty mix of traces,
+:class:`~fastroute.sim.replay.ReplayMix`) instead of ``[workload]``/``[trace]``.
+Decoded with ``msgspec.convert`` into frozen Structs that reject unknown keys, then
+checked across fields (names unique, references resolve).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from fastroute.emulator.profiles import PROFILES
 from fastroute.sim.metrics import Slo
+from fastroute.sim.profiles import STEP_TIME_COEFFICIENTS, sim_profile
+from fastroute.sim.replay import ReplayComponent, ReplayMix
 from fastroute.workload import ChatWorkload, WorkloadError
 
 __all__ = [
@@ -30,6 +33,8 @@ __all__ = [
     "Fault",
     "Scenario",
     "Variant",
+    "ReplayMix",
+    "ReplayComponent",
     "load_scenario",
     "load_scenario_dict",
     "apply_settings",
@@ -104,6 +109,11 @@ class EngineGroup(msgspec.Struct, **_OPTS):
     capacity_rps : float or None
         Capacity the control plane assumes (req/s at ρ = 1); estimated by a saturating
         replay of the workload's requests if None.
+    step_time_factors : dict of str to float
+        The engines' *true* step-time coefficients relative to the profile's
+        (``{"b0_s" = 1.5}``: 50 % more per-step overhead than the datasheet estimate);
+        the marginal-cost policy starts from the profile's and must calibrate
+        (:mod:`fastroute.sim.profiles`).
     """
 
     name: str
@@ -118,6 +128,7 @@ class EngineGroup(msgspec.Struct, **_OPTS):
     max_waiting: int = 1024
     enable_prefix_caching: bool = True
     capacity_rps: float | None = None
+    step_time_factors: dict[str, float] = {}
 
 
 class TraceSource(msgspec.Struct, **_OPTS):
@@ -303,6 +314,8 @@ class Scenario(msgspec.Struct, **_OPTS):
     engines : tuple of EngineGroup
     workload : ChatWorkload
     trace : TraceSource or None
+    replay : ReplayMix or None
+        Bursty mix of traces (experiment h); excludes ``trace``.
     dataplane : DataPlaneConfig
     control : ControlConfig
     faults : tuple of Fault
@@ -325,6 +338,7 @@ class Scenario(msgspec.Struct, **_OPTS):
     engines: tuple[EngineGroup, ...] = ()
     workload: ChatWorkload = ChatWorkload()
     trace: TraceSource | None = None
+    replay: ReplayMix | None = None
     dataplane: DataPlaneConfig = DataPlaneConfig()
     control: ControlConfig = ControlConfig()
     faults: tuple[Fault, ...] = ()
@@ -349,16 +363,22 @@ def _check(s: Scenario, where: str) -> None:
             bad(f"engines {g.name!r}: count must be >= 1")
         if g.region and g.region not in regions:
             bad(f"engines {g.name!r}: unknown region {g.region!r}; regions: {regions}")
-        if g.profile.lower() not in PROFILES:
-            bad(
-                f"engines {g.name!r}: unknown profile {g.profile!r}; choose from {sorted(PROFILES)}"
-            )
+        try:
+            sim_profile(g.profile)
+        except KeyError as exc:
+            bad(f"engines {g.name!r}: {exc.args[0]}")
+        for key, f in g.step_time_factors.items():
+            if key not in STEP_TIME_COEFFICIENTS or not f > 0:
+                bad(
+                    f"engines {g.name!r}: step_time_factors {key!r} = {f}: keys must be "
+                    f"{STEP_TIME_COEFFICIENTS} and factors > 0"
+                )
     models = {g.model for g in s.engines}
     for src in s.workload.sources:
         if src.name not in regions:
             bad(f"workload source {src.name!r} is not a region; regions: {regions}")
     for m in s.workload.models:
-        if m.name not in models and s.trace is None:
+        if m.name not in models and s.trace is None and s.replay is None:
             bad(f"workload model {m.name!r} is served by no engine group")
     for m in models:
         roles = {g.role for g in s.engines if g.model == m}
@@ -366,6 +386,15 @@ def _check(s: Scenario, where: str) -> None:
             bad(f"model {m!r}: mix of mixed and prefill/decode groups is not supported")
         if roles & {"prefill", "decode"} and roles != {"prefill", "decode"}:
             bad(f"model {m!r}: disaggregated serving needs both prefill and decode groups")
+    if s.replay is not None:
+        if s.trace is not None:
+            bad("[replay] and [trace] are exclusive")
+        if s.replay.model not in models:
+            bad(f"replay model {s.replay.model!r} is served by no engine group")
+        try:
+            s.replay.check()
+        except WorkloadError as exc:
+            bad(str(exc))
     if not (s.duration_s > 0 and s.drain_s >= 0 and 0 <= s.warmup_s < s.duration_s):
         bad("need duration_s > 0, drain_s >= 0 and 0 <= warmup_s < duration_s")
     if s.target_load is not None and not s.target_load > 0:

@@ -188,7 +188,7 @@ def test_registry_names_match_classes_and_default_is_weighted_hrw():
     assert DEFAULT_POLICY == "weighted-hrw"
     assert ALL == sorted(
         ["weighted-hrw", "round-robin", "least-request", "power-of-two", "consistent-hash",
-         "cache-aware", "marginal-cost"]
+         "cache-aware", "marginal-cost", "length-heuristic"]
     )  # fmt: skip
     for name, cls in POLICIES.items():
         assert cls.name == name and issubclass(cls, Policy)

@@ -119,3 +119,17 @@ def test_unknown_types_start_from_the_default_or_their_profile():
     assert cal.model("mystery").nominal.b0_s == pytest.approx(A40.b0_s)
     with pytest.raises(ValueError, match="unknown default engine type"):
         FleetCalibration(default_type="nope")
+
+
+def test_numpy_observations_export_as_plain_data():
+    import msgspec
+    import numpy as np
+
+    from fastroute.predict import FleetCalibration
+
+    cal = FleetCalibration()
+    for n in (128, 512, 1024, 2048):
+        cal.observe_prefill("a40", np.int64(7), n, 0, np.float64(0.01 + n * 1e-5))
+        cal.observe_decode("a40", np.int64(7), 8, 4096, np.float32(0.02))
+    exported = cal.to_dict()
+    assert msgspec.json.encode(exported)  # raises TypeError on a numpy scalar in the state

@@ -10,6 +10,7 @@ from fastroute.sim.scenario import (
     ScenarioError,
     apply_settings,
     load_scenario,
+    load_scenario_dict,
     parse_setting,
     scenario_from_dict,
 )
@@ -56,7 +57,17 @@ def test_settings_parse_toml_values_and_apply_dotted_keys():
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_scenarios_load_with_their_variants(path):
-    """Every example scenario and each of its variants is valid."""
+    """Every example scenario and each of its variants is valid; an experiment file
+    (``fastroute sim sweep``) is valid for every case x arm."""
+    if path.name.endswith("-experiment.toml"):
+        from fastroute.sim.sweep import load_sweep
+
+        sweep = load_sweep(path)
+        base = load_scenario_dict(Path(sweep.base_dir) / sweep.scenario)
+        for case in sweep.cases:
+            for arm in sweep.arms:
+                scenario_from_dict(apply_settings(apply_settings(base, case.set), arm.set))
+        return
     s = load_scenario(path)
     for v in s.variants:
         load_scenario(path, dict(v.set))
