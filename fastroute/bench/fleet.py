@@ -11,9 +11,7 @@ One process keeps start-up short and the emulator's CPU in one place.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -183,11 +181,11 @@ async def set_fault(
 
 
 # -- the runner process -------------------------------------------------------------------------
-async def _serve(engines: list[PlannedEngine]) -> None:
+def _specs(engines: list[PlannedEngine]) -> list:
     from fastroute.emulator.model import EngineConfig
-    from fastroute.emulator.server import EmulatedFleet, EngineSpec
+    from fastroute.emulator.server import EngineSpec
 
-    specs = [
+    return [
         EngineSpec(
             name=e.name,
             model_name=e.model,
@@ -201,18 +199,6 @@ async def _serve(engines: list[PlannedEngine]) -> None:
         )
         for e in engines
     ]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    fleet = EmulatedFleet(specs)
-    await fleet.start()
-    try:
-        for engine in fleet.engines:
-            print(f"engine {engine.name} listening on {engine.url}", flush=True)
-        await stop.wait()
-    finally:
-        await fleet.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,9 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvloop
 
+    from fastroute.emulator.cli import serve_fleet
+
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        uvloop.run(_serve(engines))
+        uvloop.run(serve_fleet(_specs(engines)))
     except OSError as exc:
         print(f"fastroute.bench.fleet: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,8 @@ exception: a summary must still print when one server is gone.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import aiohttp
 import msgspec
@@ -25,6 +26,8 @@ __all__ = [
     "scrape_proxies",
     "fetch_json",
 ]
+
+C = TypeVar("C")
 
 
 def sum_samples(text: str) -> dict[str, float]:
@@ -96,46 +99,44 @@ async def _scrape_all(urls: Mapping[str, str], timeout_s: float) -> dict[str, di
     return out
 
 
+async def _counters(
+    urls: Mapping[str, str], timeout_s: float, build: Callable[[dict[str, float]], C]
+) -> dict[str, C | None]:
+    """``build`` applied to each server's summed samples; None for a server that did not answer."""
+    pages = await _scrape_all(urls, timeout_s)
+    return {name: None if name not in pages else build(pages[name]) for name in urls}
+
+
+def _engine_counters(s: dict[str, float]) -> EngineCounters:
+    return EngineCounters(
+        requests=s.get("vllm:request_success_total", 0.0),
+        prefix_queries_tokens=s.get("vllm:prefix_cache_queries_total", 0.0),
+        prefix_hits_tokens=s.get("vllm:prefix_cache_hits_total", 0.0),
+        prompt_tokens=s.get("vllm:prompt_tokens_total", 0.0),
+        generation_tokens=s.get("vllm:generation_tokens_total", 0.0),
+    )
+
+
+def _proxy_counters(s: dict[str, float]) -> ProxyCounters:
+    return ProxyCounters(
+        retries=s.get("fastroute_proxy_retries_total", 0.0),
+        retry_refused=s.get("fastroute_proxy_retry_refused_total", 0.0),
+        shed=s.get("fastroute_proxy_shed_total", 0.0),
+    )
+
+
 async def scrape_engines(
     urls: Mapping[str, str], timeout_s: float = 5.0
 ) -> dict[str, EngineCounters | None]:
     """Counters of each engine (name → URL); None for an engine that did not answer."""
-    pages = await _scrape_all(urls, timeout_s)
-    out: dict[str, EngineCounters | None] = {}
-    for name in urls:
-        s = pages.get(name)
-        out[name] = (
-            None
-            if s is None
-            else EngineCounters(
-                requests=s.get("vllm:request_success_total", 0.0),
-                prefix_queries_tokens=s.get("vllm:prefix_cache_queries_total", 0.0),
-                prefix_hits_tokens=s.get("vllm:prefix_cache_hits_total", 0.0),
-                prompt_tokens=s.get("vllm:prompt_tokens_total", 0.0),
-                generation_tokens=s.get("vllm:generation_tokens_total", 0.0),
-            )
-        )
-    return out
+    return await _counters(urls, timeout_s, _engine_counters)
 
 
 async def scrape_proxies(
     urls: Mapping[str, str], timeout_s: float = 5.0
 ) -> dict[str, ProxyCounters | None]:
     """Retry and shed counters of each fastroute proxy; None for one that did not answer."""
-    pages = await _scrape_all(urls, timeout_s)
-    out: dict[str, ProxyCounters | None] = {}
-    for name in urls:
-        s = pages.get(name)
-        out[name] = (
-            None
-            if s is None
-            else ProxyCounters(
-                retries=s.get("fastroute_proxy_retries_total", 0.0),
-                retry_refused=s.get("fastroute_proxy_retry_refused_total", 0.0),
-                shed=s.get("fastroute_proxy_shed_total", 0.0),
-            )
-        )
-    return out
+    return await _counters(urls, timeout_s, _proxy_counters)
 
 
 async def fetch_json(url: str, timeout_s: float = 5.0) -> object | None:

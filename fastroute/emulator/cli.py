@@ -11,7 +11,7 @@ import asyncio
 import signal
 import sys
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run", "serve_fleet"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +102,12 @@ def _specs(args: argparse.Namespace) -> list:
     )
 
 
-async def _serve(specs: list) -> None:
+async def serve_fleet(specs: list) -> None:
+    """Serve the engines of ``specs`` until SIGINT or SIGTERM.
+
+    Prints ``engine NAME listening on URL`` per engine once all listen: the readiness line
+    ``fastroute engine``'s parents read (the benchmark's engine runner prints it too).
+    """
     from fastroute.emulator.server import EmulatedFleet
 
     stop = asyncio.Event()
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     import uvloop
 
     try:
-        uvloop.run(_serve(specs))
+        uvloop.run(serve_fleet(specs))
     except OSError as exc:  # e.g. port in use
         print(f"fastroute engine: {exc}", file=sys.stderr)
         return 1

@@ -4,10 +4,12 @@
   and window math over cumulative histograms;
 * :mod:`fastroute.signals.reports`: the data plane's per-window :class:`Report`
   (msgpack), and the :class:`DemandAggregator` the request path feeds;
-* :mod:`fastroute.signals.histogram`: the mergeable log-bucket latency histogram.
+* :mod:`fastroute.signals.histogram`: the mergeable log-bucket latency histogram;
+* :mod:`fastroute.signals.scrape`: scrape rounds over the engines' ``/metrics`` and ``/health``
+  (the controller's and the proxy's scrapers); import it from there (it loads ``aiohttp``).
 
-Builds on ``msgspec``, ``prometheus_client`` and :mod:`fastroute.errors` only, so
-the controller can import it.
+Builds on ``msgspec``, ``prometheus_client``, ``aiohttp`` (``scrape`` only) and
+:mod:`fastroute.errors` only, so the controller can import it.
 """
 
 from fastroute.signals.histogram import LogHistogram

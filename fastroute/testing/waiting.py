@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-__all__ = ["wait_until"]
+__all__ = ["poll_until", "wait_until"]
 
 
 async def wait_until(
@@ -29,3 +29,20 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
+
+
+def poll_until(
+    predicate: Callable[[], bool], what: str, timeout: float = 30.0, interval: float = 0.05
+) -> None:
+    """Blocking :func:`wait_until` for synchronous tests (``what`` names the condition).
+
+    Raises
+    ------
+    AssertionError
+        The condition did not hold within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

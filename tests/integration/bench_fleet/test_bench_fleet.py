@@ -16,6 +16,7 @@ from fastroute.bench.fleet import EngineGroup, FleetSpec, RegionSpec, plan_engin
 from fastroute.bench.routers import expand_command, resolve_router
 from fastroute.bench.spec import BenchSpecError, RouterCommand, load_spec
 from fastroute.tables.segment import shm_dir
+from fastroute.testing.processes import processes_naming
 
 HERE = Path(__file__).resolve().parent
 
@@ -132,16 +133,7 @@ def test_generated_config_validates_and_names_every_engine() -> None:
 
 
 def _bench_leftovers() -> tuple[list[str], list[str]]:
-    procs = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"fastroute-bench-" in cmdline:
-            procs.append(cmdline.decode(errors="replace"))
+    procs = processes_naming("fastroute-bench-")
     return procs, [p.name for p in shm_dir().glob("fastroute-bench-*")]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp import web
+from controller_fleet import ENGINES, FAST_DERATING, two_region_toml
 
 from controller.app import SERVICE, make_app
 from controller.service import ControllerService
@@ -31,12 +31,10 @@ from fastroute.signals.reports import (
     encode_report,
 )
 from fastroute.tables import FLAG_UNAVAILABLE, TableReader
+from fastroute.testing.servers import serve_app
 
 pytestmark = pytest.mark.integration
 
-MODEL = "demo-8b"
-ENGINES = [f"engine-{i}" for i in range(4)]
-REGIONS = ("east", "west")
 WINDOW_S = 5.0
 ATTEMPTS = 25  # per window: 5 req/s on 10 req/s engines, ρ = 0.5
 PROFILE_TTFT_S = 0.05 / (1 - 0.5)  # h100 seed profile at ρ = 0.5
@@ -48,36 +46,12 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 25.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-def config_toml(table_name: str) -> str:
-    engines = "".join(
-        f'[[engines]]\nname = "{name}"\nurl = "http://127.0.0.1:{9 + i}"\n'
-        f'models = ["{MODEL}"]\nregion = "{REGIONS[i // 2]}"\nhardware = "h100"\n'
-        "capacity_rps = 10.0\n\n"
-        for i, name in enumerate(ENGINES)
-    )
-    return (
-        engines
-        + '[[network.regions]]\nname = "east"\n\n[[network.regions]]\nname = "west"\n\n'
-        + "[network.rtt_ms]\neast = { west = 80.0 }\n\n"
-        + "[controller]\nport = 0\nperiod_s = 0.2\nsolve_time_limit_s = 0.15\n\n"
-        + "[controller.derating]\nmin_change_interval_s = 0.001\n\n"
-        + f'[proxy]\nport = 0\ncluster = "east"\ntable_name = "{table_name}"\n'
-    )
-
-
 @contextlib.asynccontextmanager
 async def controller(table_name: str) -> AsyncIterator[tuple[ControllerService, str]]:
-    config = decode_config(config_toml(table_name), source="controller.toml")
+    config = decode_config(two_region_toml(table_name, tables=FAST_DERATING), "controller.toml")
     app = make_app(config, run_loop=False)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        yield app[SERVICE], f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield app[SERVICE], url
 
 
 def report(

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+from controller_fleet import FAKE_URLS, MODEL, REGIONS, two_region_toml
 
 from controller.app import API, SERVICE, make_app
 from controller.service import ControllerService
@@ -38,12 +38,12 @@ from fastroute.signals.reports import ClassDemand, Report, encode_report
 from fastroute.tables import TableReader, TableSnapshot
 from fastroute.tables.segment import shm_dir
 from fastroute.tables.wire import decode_snapshot
-from fastroute.testing.waiting import wait_until
+from fastroute.testing.processes import free_port, http_get
+from fastroute.testing.servers import serve_app
+from fastroute.testing.waiting import poll_until, wait_until
 
 pytestmark = pytest.mark.integration
 
-MODEL = "demo-8b"
-REGIONS = ("east", "west")
 SHORT_OUTPUTS = OutputLengthDistribution(mu=1.4, sigma=0.2)
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -53,37 +53,18 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 20.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
+TIMEOUTS = "[timeouts]\nconnect_timeout_s = 1.0\nfirst_byte_timeout_s = 5.0\n"
+
+
 def config_toml(urls: list[str], table_name: str, *, proxy: str = "", port: int = 0) -> str:
-    engines = "".join(
-        f'[[engines]]\nname = "engine-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
-        f'region = "{REGIONS[i // 2]}"\nhardware = "h100"\ncapacity_rps = 10.0\n\n'
-        for i, url in enumerate(urls)
+    return two_region_toml(
+        table_name,
+        urls=urls,
+        port=port,
+        controller="long_poll_timeout_s = 2.0\n",
+        proxy=proxy,
+        tables=TIMEOUTS,
     )
-    return (
-        engines
-        + '[[network.regions]]\nname = "east"\n\n[[network.regions]]\nname = "west"\n\n'
-        + "[network.rtt_ms]\neast = { west = 80.0 }\n\n"
-        + f"[controller]\nport = {port}\nperiod_s = 0.2\nsolve_time_limit_s = 0.15\n"
-        + "long_poll_timeout_s = 2.0\n\n"
-        + f'[proxy]\nport = 0\ncluster = "east"\ntable_name = "{table_name}"\n{proxy}\n'
-        + "[timeouts]\nconnect_timeout_s = 1.0\nfirst_byte_timeout_s = 5.0\n"
-    )
-
-
-FAKE_URLS = [f"http://127.0.0.1:{9 + i}" for i in range(4)]  # never contacted
-
-
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
 
 
 @contextlib.asynccontextmanager
@@ -92,20 +73,8 @@ async def controller(
 ) -> AsyncIterator[tuple[ControllerService, str, web.Application]]:
     config = decode_config(config_toml(urls, table_name), source="controller.toml")
     app = make_app(config, **kw)
-    runner, url = await _serve(app)
-    try:
+    async with serve_app(app) as url:
         yield app[SERVICE], url, app
-    finally:
-        await runner.cleanup()
-
-
-@pytest.fixture
-def proxy_table(shm_name: str) -> Any:
-    """A second unique table name (the proxy's), removed afterwards."""
-    name = shm_name + "-proxy"
-    yield name
-    for suffix in ("", ".lock", ".tmp"):
-        (shm_dir() / (name + suffix)).unlink(missing_ok=True)
 
 
 def _local(name: str) -> TableSnapshot:
@@ -264,8 +233,7 @@ def test_proxy_pulls_routes_per_plan_and_its_reports_drive_demand(
             extra = f'controller_url = "{curl}"\nreport_interval_s = 0.2\n'
             pconfig = decode_config(config_toml(fleet.urls, proxy_table, proxy=extra), "p.toml")
             papp = make_proxy_app(pconfig)
-            prunner, purl = await _serve(papp)
-            try:
+            async with serve_app(papp) as purl:
                 ctx = papp[CONTEXT]
                 await wait_until(lambda: ctx.fleet.state.generation > 0)
                 engines = set()
@@ -305,21 +273,15 @@ def test_proxy_pulls_routes_per_plan_and_its_reports_drive_demand(
                 async with s.get(curl + "/metrics") as resp:
                     text = await resp.text()
                 assert 'fastroute_controller_engine_stale{engine="engine-0"} 0.0' in text
-            finally:
-                await prunner.cleanup()
 
     run(main(), timeout=30.0)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def test_cli_serves_and_stops_cleanly_on_sigterm(shm_name: str, tmp_path: Path) -> None:
+def test_cli_serves_and_stops_cleanly_on_sigterm(
+    shm_name: str, tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
     """``python -m controller`` publishes, answers /health, exits 0 on SIGTERM, keeps the table."""
-    port = _free_port()
+    port = free_port()
     cfg = tmp_path / "c.toml"
     cfg.write_text(config_toml(FAKE_URLS, "unused-name", port=port))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -328,30 +290,11 @@ def test_cli_serves_and_stops_cleanly_on_sigterm(shm_name: str, tmp_path: Path) 
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        start_new_session=True,
     )
-    try:
-
-        async def healthy() -> None:
-            async def ok() -> bool:
-                try:
-                    async with (
-                        aiohttp.ClientSession() as s,
-                        s.get(f"http://127.0.0.1:{port}/health") as resp,
-                    ):
-                        return resp.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            await wait_until(ok, timeout=10.0, interval=0.05)
-
-        run(healthy())
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10.0) == 0, proc.stderr.read() if proc.stderr else ""
-        assert _local(shm_name).generation >= 1
-        assert not (shm_dir() / "unused-name").exists()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+    procs.append(proc)
+    poll_until(lambda: http_get(port, "/health")[0] == 200, "controller /health", timeout=10.0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10.0) == 0, proc.stderr.read() if proc.stderr else ""
+    assert _local(shm_name).generation >= 1
+    assert not (shm_dir() / "unused-name").exists()

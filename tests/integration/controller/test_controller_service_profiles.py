@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from controller_fleet import ENGINES, FAST_DERATING, REGIONS, two_region_toml
 
 from controller.service import ControllerService
 from fastroute.config import decode_config
@@ -22,9 +23,6 @@ from fastroute.signals.reports import EngineReport, LatencySummary, Report
 
 pytestmark = pytest.mark.integration
 
-MODEL = "demo-8b"
-ENGINES = [f"engine-{i}" for i in range(4)]
-REGIONS = ("east", "west")
 ATTEMPTS = 25  # per 5 s window on 10 req/s engines: ρ = 0.5
 SEED_TTFT_S = 0.05 / (1 - 0.5)  # h100 seed at ρ = 0.5
 SEED_TBOT_S = 0.008 * (1 + 0.8 * 0.5)
@@ -35,20 +33,7 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 25.0) -> Any:
 
 
 def make_service(table_name: str, **kwargs: Any) -> ControllerService:
-    engines = "".join(
-        f'[[engines]]\nname = "{name}"\nurl = "http://127.0.0.1:{9 + i}"\n'
-        f'models = ["{MODEL}"]\nregion = "{REGIONS[i // 2]}"\nhardware = "h100"\n'
-        "capacity_rps = 10.0\n\n"
-        for i, name in enumerate(ENGINES)
-    )
-    toml = (
-        engines
-        + '[[network.regions]]\nname = "east"\n\n[[network.regions]]\nname = "west"\n\n'
-        + "[network.rtt_ms]\neast = { west = 80.0 }\n\n"
-        + "[controller]\nport = 0\nperiod_s = 0.2\nsolve_time_limit_s = 0.15\n\n"
-        + "[controller.derating]\nmin_change_interval_s = 0.001\n\n"
-        + f'[proxy]\nport = 0\ncluster = "east"\ntable_name = "{table_name}"\n'
-    )
+    toml = two_region_toml(table_name, tables=FAST_DERATING)
     kwargs.setdefault("profile_half_life_windows", 10)
     svc = ControllerService(decode_config(toml, source="controller.toml"), **kwargs)
     svc.open()

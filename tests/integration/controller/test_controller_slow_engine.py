@@ -10,13 +10,11 @@ Engine 0 is slowed 3× with the emulator's fault injection, then restored.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from controller.app import SERVICE, make_app
 from controller.service import ControllerService
@@ -25,7 +23,8 @@ from fastroute.emulator.model import OutputLengthDistribution
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.proxy.app import CONTEXT
 from fastroute.proxy.app import make_app as make_proxy_app
-from fastroute.tables.segment import shm_dir
+from fastroute.testing.configs import engines_toml
+from fastroute.testing.servers import serve_app
 from fastroute.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -40,13 +39,8 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 100.0) -> Any:
 
 
 def config_toml(urls: list[str], table_name: str, proxy: str = "") -> str:
-    engines = "".join(
-        f'[[engines]]\nname = "engine-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
-        f'region = "east"\nhardware = "h100"\ncapacity_rps = 500.0\n\n'
-        for i, url in enumerate(urls)
-    )
     return (
-        engines
+        engines_toml(urls, MODEL, regions=["east"] * len(urls), capacity_rps=500.0)
         + '[[network.regions]]\nname = "east"\n\n'
         + "[controller]\nport = 0\nperiod_s = 0.5\nsolve_time_limit_s = 0.4\n\n"
         + "[controller.derating]\nmin_change_interval_s = 0.001\n\n"
@@ -56,32 +50,6 @@ def config_toml(urls: list[str], table_name: str, proxy: str = "") -> str:
         # around the slow engine), so the controller's derating is what moves its traffic
         + "[policy]\nbounded_load = false\n"
     )
-
-
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
-
-
-@contextlib.asynccontextmanager
-async def served(app: web.Application) -> AsyncIterator[str]:
-    runner, url = await _serve(app)
-    try:
-        yield url
-    finally:
-        await runner.cleanup()
-
-
-@pytest.fixture
-def proxy_table(shm_name: str) -> Any:
-    name = shm_name + "-proxy"
-    yield name
-    for suffix in ("", ".lock", ".tmp"):
-        (shm_dir() / (name + suffix)).unlink(missing_ok=True)
 
 
 async def _burst(s: aiohttp.ClientSession, purl: str, n: int) -> None:
@@ -122,12 +90,12 @@ def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flappin
             capp = make_app(
                 cconfig, run_loop=False, service_options={"health_min_latency_samples": 5}
             )
-            async with served(capp) as curl:
+            async with serve_app(capp) as curl:
                 svc: ControllerService = capp[SERVICE]
                 extra = f'controller_url = "{curl}"\nreport_interval_s = 0.2\n'
                 pconfig = decode_config(config_toml(fleet.urls, proxy_table, extra), "p.toml")
                 papp = make_proxy_app(pconfig)
-                async with served(papp) as purl:
+                async with serve_app(papp) as purl:
                     ctx = papp[CONTEXT]
                     await wait_until(lambda: ctx.fleet.state.generation > 0, timeout=10.0)
                     accepted = svc.metrics.reports.labels(outcome="accepted")

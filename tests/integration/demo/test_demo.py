@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from fastroute.tables.segment import shm_dir
+from fastroute.testing.processes import processes_naming
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,18 +38,7 @@ def _run_prefix(line: str) -> str:
 
 def _leftovers(prefix: str) -> tuple[list[str], list[str]]:
     """Processes whose command line names the run, and the run's shared-memory files."""
-    procs = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if prefix.encode() in cmdline:
-            procs.append(f"{entry}: {cmdline.decode(errors='replace')}")
-    segments = [p.name for p in shm_dir().glob(prefix + "*")]
-    return procs, segments
+    return processes_naming(prefix), [p.name for p in shm_dir().glob(prefix + "*")]
 
 
 def _check_summary(out: str) -> None:

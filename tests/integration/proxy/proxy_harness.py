@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +27,11 @@ from aiohttp import web
 
 from fastroute.config import Config, decode_config
 from fastroute.emulator.model import EngineConfig, OutputLengthDistribution
-from fastroute.emulator.server import EmulatedFleet, fleet_specs
-from fastroute.proxy.app import CONTEXT, make_app
+from fastroute.emulator.server import EmulatedFleet, EngineSpec, fleet_specs
+from fastroute.proxy.app import CONTEXT, current_context, make_app
 from fastroute.proxy.handler import ProxyContext
 from fastroute.proxy.server import LeanServer
+from fastroute.testing.configs import engines_toml
 from fastroute.testing.waiting import wait_until
 
 MODEL = "demo-8b"
@@ -53,14 +54,14 @@ def config_toml(
     extra: str = "",
     table_name: str | None = None,
     timeouts: dict[str, float] | None = None,
+    *,
+    names: Sequence[str] | None = None,
+    roles: Sequence[str] | None = None,
 ) -> str:
-    """A config for engines ``engine-<i>`` at ``urls`` serving :data:`MODEL`."""
+    """A config for engines at ``urls`` serving :data:`MODEL` (named ``engine-<i>`` unless
+    ``names``; ``roles`` for P/D)."""
     timeouts = {**TIMEOUTS, "total_timeout_s": 20.0, **(timeouts or {})}
-    engines = "".join(
-        f'[[engines]]\nname = "engine-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
-        f'hardware = "h100"\ncapacity_rps = 10.0\n\n'
-        for i, url in enumerate(urls)
-    )
+    engines = engines_toml(urls, MODEL, names=names, roles=roles)
     table = table_name or f"fastroute-test-absent-{uuid.uuid4().hex[:12]}"
     return (
         engines
@@ -127,6 +128,32 @@ async def proxy_stack(
             yield Stack(fleet, config, app, runner, url, server)
 
 
+#: Roles of the P/D fleet of :func:`pd_stack` (engines ``prefill-0`` ... ``decode-3``).
+PD_ROLES = ("prefill", "prefill", "decode", "decode")
+
+
+@contextlib.asynccontextmanager
+async def pd_stack(extra: str = "") -> AsyncIterator[tuple[EmulatedFleet, ProxyContext, str]]:
+    """Two prefill and two decode emulated engines behind the proxy (``extra``: more config):
+    (fleet, the proxy's context, the proxy's URL)."""
+    names = [f"{role}-{i}" for i, role in enumerate(PD_ROLES)]
+    specs = [
+        EngineSpec(
+            name=name,
+            model_name=MODEL,
+            profile="h100",
+            role=role,
+            seed=i,
+            output_lengths=SHORT_OUTPUTS,
+        )
+        for i, (name, role) in enumerate(zip(names, PD_ROLES, strict=True))
+    ]
+    async with EmulatedFleet(specs) as fleet:
+        toml = config_toml(fleet.urls, extra, names=names, roles=PD_ROLES)
+        async with serve_proxy(decode_config(toml, source="pd.toml")) as (app, _, url, _):
+            yield fleet, current_context(app), url
+
+
 @contextlib.asynccontextmanager
 async def serve_proxy(
     config: Config, *, front: str = "lean", keepalive_s: float = 75.0
@@ -151,6 +178,13 @@ async def serve_proxy(
             await server.drain(1.0)
         if runner.server is not None:  # not yet cleaned up by Stack.drain()
             await runner.cleanup()
+
+
+async def decision_record(s: aiohttp.ClientSession, url: str, rid: str) -> dict[str, Any]:
+    """The proxy's decision record of request ``rid`` (``GET /admin/decisions/{rid}``)."""
+    async with s.get(url + f"/admin/decisions/{rid}") as resp:
+        assert resp.status == 200
+        return dict(await resp.json())
 
 
 async def read_sse(resp: aiohttp.ClientResponse) -> tuple[list[dict[str, Any]], bool]:

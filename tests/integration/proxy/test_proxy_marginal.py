@@ -11,14 +11,21 @@ from __future__ import annotations
 import contextlib
 import re
 import uuid
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from proxy_harness import MODEL, SHORT_OUTPUTS, Harness, config_toml, serve_proxy
+from proxy_harness import (
+    MODEL,
+    SHORT_OUTPUTS,
+    Harness,
+    config_toml,
+    decision_record,
+    pd_stack,
+    serve_proxy,
+)
 
 from fastroute.config import decode_config
-from fastroute.emulator.server import EmulatedFleet, EngineSpec, fleet_specs
+from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.predict import FleetCalibration
 from fastroute.proxy.app import current_context
 from fastroute.proxy.engine_load import MIN_SAMPLES_TO_REJECT
@@ -27,12 +34,6 @@ from fastroute.proxy.handler import ProxyContext
 pytestmark = pytest.mark.integration
 
 MARGINAL = '[policy]\ndefault = "marginal-cost"\n[policy.params.marginal-cost]\nseed = 7\n'
-
-
-async def _record(s: aiohttp.ClientSession, url: str, rid: str) -> dict:
-    async with s.get(url + f"/admin/decisions/{rid}") as resp:
-        assert resp.status == 200
-        return await resp.json()
 
 
 def _samples(metrics_text: str, kind: str) -> float:
@@ -74,7 +75,7 @@ def test_long_request_goes_to_the_idle_engine(h: Harness) -> None:
                     engine = r.headers["x-fastroute-engine"]
                     rid = r.headers["x-request-id"]
                 assert engine not in busy, (engine, busy)
-                record = await _record(s, st.url, rid)
+                record = await decision_record(s, st.url, rid)
                 assert record["policy"] == "marginal-cost"
                 pred = record["prediction"]
                 assert pred["ttft_s"] > 0 and pred["tpot_s"] > 0
@@ -108,7 +109,7 @@ def test_slo_no_engine_can_meet_is_429_and_nothing_is_forwarded(h: Harness) -> N
             body = h.chat_body("hello " * 200)
             async with s.post(st.url + "/v1/chat/completions", json=body, headers=headers) as r:
                 assert r.status == 200, await r.text()
-                record = await _record(s, st.url, r.headers["x-request-id"])
+                record = await decision_record(s, st.url, r.headers["x-request-id"])
             unenforced = record["prediction"]["slo_unenforced"]
             assert f"fewer than {MIN_SAMPLES_TO_REJECT} samples" in unenforced
             assert "no engine predicted to meet the SLO" in unenforced
@@ -124,7 +125,7 @@ def test_slo_no_engine_can_meet_is_429_and_nothing_is_forwarded(h: Harness) -> N
                 rid = r.headers["x-request-id"]
             assert err["code"] == "slo_infeasible"
             assert "slo-infeasible" in err["message"] and "SLO 0.001 s" in err["message"]
-            record = await _record(s, st.url, rid)
+            record = await decision_record(s, st.url, rid)
             assert record["reason"] == "slo-infeasible" and record["attempts"] == []
             assert record["status"] == 429
             assert record["error"].startswith("slo-infeasible: no engine predicted to meet")
@@ -172,7 +173,7 @@ def test_calibration_grows_with_traffic_and_shows_in_metrics(h: Harness) -> None
                     events, done = await h.read_sse(r)
                     rid = r.headers["x-request-id"]
                 assert done and events[-1]["usage"]["completion_tokens"] == 5
-                record = await _record(s, st.url, rid)
+                record = await decision_record(s, st.url, rid)
                 counts.append(record["prediction"]["calibration_samples"]["h100"]["prefill"])
             assert counts == sorted(counts) and counts[-1] >= 6 > counts[0]
             async with s.get(st.url + "/metrics") as r:
@@ -214,7 +215,7 @@ def test_calibration_corrects_wrong_nominal_constants(h: Harness) -> None:
                     async with s.post(url + "/v1/chat/completions", json=body) as r:
                         assert r.status == 200
                         await h.read_sse(r)
-                        rec = await _record(s, url, r.headers["x-request-id"])
+                        rec = await decision_record(s, url, r.headers["x-request-id"])
                     predicted, measured = rec["prediction"]["ttft_s"], rec["timings"]["first_token"]
                     errors.append(abs(predicted - measured) / measured)
         nominal = FleetCalibration().model("h100").rls.coef
@@ -262,47 +263,13 @@ def test_scraped_engine_load_counts_requests_the_proxy_did_not_route(h: Harness)
     h.run(main())
 
 
-PD_ROLES = ["prefill", "prefill", "decode", "decode"]
-
-
-@contextlib.asynccontextmanager
-async def _pd_stack() -> AsyncIterator[tuple[ProxyContext, str]]:
-    specs = [
-        EngineSpec(
-            name=f"{role}-{i}",
-            model_name=MODEL,
-            profile="h100",
-            role=role,
-            seed=i,
-            output_lengths=SHORT_OUTPUTS,
-        )
-        for i, role in enumerate(PD_ROLES)
-    ]
-    async with EmulatedFleet(specs) as fleet:
-        engines = "".join(
-            f'[[engines]]\nname = "{role}-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
-            f'role = "{role}"\nhardware = "h100"\ncapacity_rps = 10.0\n\n'
-            for i, (role, url) in enumerate(zip(PD_ROLES, fleet.urls, strict=True))
-        )
-        toml = (
-            engines
-            + MARGINAL
-            + f'[proxy]\nport = 0\ntable_name = "fastroute-test-absent-{uuid.uuid4().hex[:12]}"\n'
-            + "[timeouts]\nconnect_timeout_s = 1.0\nfirst_byte_timeout_s = 5.0\n"
-            + "idle_timeout_s = 5.0\ntotal_timeout_s = 20.0\n"
-        )
-        config = decode_config(toml, source="pd-marginal.toml")
-        async with serve_proxy(config) as (app, _, url, _):
-            yield current_context(app), url
-
-
 def test_pd_with_marginal_cost_end_to_end(h: Harness) -> None:
     """The pair comes from MarginalPairs: prefill then decode, streamed; the record
     has the pair's predictions; prefill steps and decode streams calibrate; an SLO no
     pair meets is a 429."""
 
     async def main() -> None:
-        async with _pd_stack() as (ctx, url), aiohttp.ClientSession() as s:
+        async with pd_stack(MARGINAL) as (_, ctx, url), aiohttp.ClientSession() as s:
             assert ctx.pd is not None
             assert type(ctx.pd.selector("marginal-cost")).__name__ == "MarginalPairs"
             n = MIN_SAMPLES_TO_REJECT  # then an infeasible SLO is rejected
@@ -314,7 +281,7 @@ def test_pd_with_marginal_cost_end_to_end(h: Harness) -> None:
                     rid = r.headers["x-request-id"]
                     assert r.headers["x-fastroute-engine"].startswith("decode-")
                 assert done and events
-                record = await _record(s, url, rid)
+                record = await decision_record(s, url, rid)
                 assert record["policy"] == "marginal-cost"
                 assert record["reason"].startswith("pd:prefill=")
                 stages = [(a["stage"], a["outcome"]) for a in record["attempts"]]
@@ -340,7 +307,7 @@ def test_pd_with_marginal_cost_end_to_end(h: Harness) -> None:
             ) as r:
                 assert r.status == 429
                 assert (await r.json())["error"]["code"] == "slo_infeasible"
-                record = await _record(s, url, r.headers["x-request-id"])
+                record = await decision_record(s, url, r.headers["x-request-id"])
             assert record["attempts"] == [] and "slo-infeasible" in record["error"]
 
     h.run(main())

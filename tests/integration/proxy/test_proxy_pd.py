@@ -9,69 +9,21 @@ separate health: failures of one pool never eject engines of the other.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from proxy_harness import MODEL, SHORT_OUTPUTS, Harness, serve_proxy
-
-from fastroute.config import decode_config
-from fastroute.emulator.server import EmulatedFleet, EngineSpec
-from fastroute.proxy.app import current_context
-from fastroute.proxy.handler import ProxyContext
+from proxy_harness import MODEL, Harness, decision_record, pd_stack
 
 pytestmark = pytest.mark.integration
 
-ROLES = ["prefill", "prefill", "decode", "decode"]
-
-
-def _config(urls: list[str]) -> str:
-    engines = "".join(
-        f'[[engines]]\nname = "{role}-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
-        f'role = "{role}"\nhardware = "h100"\ncapacity_rps = 10.0\n\n'
-        for i, (role, url) in enumerate(zip(ROLES, urls, strict=True))
-    )
-    return (
-        engines
-        + f'[proxy]\nport = 0\ntable_name = "fastroute-test-absent-{uuid.uuid4().hex[:12]}"\n'
-        + "[retry]\nmin_retries_per_s = 50.0\n"
-        + "[timeouts]\nconnect_timeout_s = 1.0\nfirst_byte_timeout_s = 5.0\n"
-        + "idle_timeout_s = 5.0\ntotal_timeout_s = 20.0\n"
-    )
-
-
-@contextlib.asynccontextmanager
-async def _pd_stack() -> AsyncIterator[tuple[EmulatedFleet, ProxyContext, str]]:
-    specs = [
-        EngineSpec(
-            name=f"{role}-{i}",
-            model_name=MODEL,
-            profile="h100",
-            role=role,
-            seed=i,
-            output_lengths=SHORT_OUTPUTS,
-        )
-        for i, role in enumerate(ROLES)
-    ]
-    async with EmulatedFleet(specs) as fleet:
-        config = decode_config(_config(fleet.urls), source="pd.toml")
-        async with serve_proxy(config) as (app, _, url, _):
-            yield fleet, current_context(app), url
-
-
-async def _record(s: aiohttp.ClientSession, url: str, rid: str) -> dict:
-    async with s.get(url + f"/admin/decisions/{rid}") as resp:
-        assert resp.status == 200
-        return await resp.json()
+PD_RETRY = "[retry]\nmin_retries_per_s = 50.0\n"
 
 
 def test_pd_end_to_end_json_stream_and_openai_client(h: Harness) -> None:
     """Prefill on a prefill engine, decode on a decode engine, relayed to the client."""
 
     async def main() -> None:
-        async with _pd_stack() as (_, ctx, url), aiohttp.ClientSession() as s:
+        async with pd_stack(PD_RETRY) as (_, ctx, url), aiohttp.ClientSession() as s:
             async with s.post(url + "/v1/chat/completions", json=h.chat_body("hello")) as r:
                 assert r.status == 200, await r.text()
                 body = await r.json()
@@ -79,7 +31,7 @@ def test_pd_end_to_end_json_stream_and_openai_client(h: Harness) -> None:
                 assert r.headers["x-fastroute-engine"].startswith("decode-")
             assert body["choices"][0]["message"]["content"]
             assert "kv_transfer_params" not in body or body["kv_transfer_params"] is None
-            record = await _record(s, url, rid)
+            record = await decision_record(s, url, rid)
             stages = [
                 (a["stage"], a["engine"].split("-")[0], a["outcome"]) for a in record["attempts"]
             ]
@@ -114,7 +66,7 @@ def test_pd_decode_failure_retries_on_the_other_decode_engine(h: Harness) -> Non
     decode-2 gets ejected, and no prefill engine is marked unhealthy."""
 
     async def main() -> None:
-        async with _pd_stack() as (fleet, ctx, url), aiohttp.ClientSession() as s:
+        async with pd_stack(PD_RETRY) as (fleet, ctx, url), aiohttp.ClientSession() as s:
             await fleet[2].set_faults(error_rate=1.0, error_status=500)
             retried = 0
             for i in range(12):
@@ -122,7 +74,7 @@ def test_pd_decode_failure_retries_on_the_other_decode_engine(h: Harness) -> Non
                 async with s.post(url + "/v1/chat/completions", json=body) as r:
                     assert r.status == 200, await r.text()
                     assert r.headers["x-fastroute-engine"] == "decode-3"
-                    record = await _record(s, url, r.headers["x-request-id"])
+                    record = await decision_record(s, url, r.headers["x-request-id"])
                 decodes = [a for a in record["attempts"] if a["stage"] == "decode"]
                 if len(decodes) == 2:
                     assert decodes[0]["engine"] == "decode-2"
@@ -143,13 +95,13 @@ def test_pd_prefill_failure_retried_then_502_and_decode_stays_healthy(h: Harness
     unhealthy (nor even tried)."""
 
     async def main() -> None:
-        async with _pd_stack() as (fleet, ctx, url), aiohttp.ClientSession() as s:
+        async with pd_stack(PD_RETRY) as (fleet, ctx, url), aiohttp.ClientSession() as s:
             await fleet[0].set_faults(refuse_connections=True)
             for i in range(6):
                 body = h.chat_body(f"q {i}")
                 async with s.post(url + "/v1/chat/completions", json=body) as r:
                     assert r.status == 200, await r.text()
-                    record = await _record(s, url, r.headers["x-request-id"])
+                    record = await decision_record(s, url, r.headers["x-request-id"])
                 prefills = [a for a in record["attempts"] if a["stage"] == "prefill"]
                 assert prefills[-1]["engine"] == "prefill-1"
             await fleet[1].set_faults(error_rate=1.0, error_status=500)
