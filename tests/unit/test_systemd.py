@@ -314,7 +314,7 @@ def test_controller_status_before_and_after_the_first_period():
     from controller.cli import _systemd_status
 
     app = web.Application()
-    svc = SimpleNamespace(plan=None, last_error=None, generation=0)
+    svc = SimpleNamespace(plan=None, last_error=None, generation=0, last_reload_error=None)
     app[SERVICE] = svc  # type: ignore[assignment]
     assert _systemd_status(app) is None  # not ready: no period has ended
     svc.last_error = "Time limit reached: 4 classes x 2 engines"
@@ -323,3 +323,8 @@ def test_controller_status_before_and_after_the_first_period():
     )  # ready anyway: the controller serves its plan page and retries every period
     svc.plan, svc.last_error, svc.generation = object(), None, 3
     assert _systemd_status(app) == "serving; table generation 3"
+    svc.last_reload_error = "fastroute.toml: Expected float > 0.0 - at $.engines[1].capacity_rps"
+    assert _systemd_status(app) == (
+        "serving; table generation 3; config reload FAILED (running on the previous config): "
+        "fastroute.toml: Expected float > 0.0 - at $.engines[1].capacity_rps"
+    )
