@@ -37,7 +37,9 @@ per-target medians after the last round's table.
 Run: ``.venv/bin/python bench/bench_proxy.py`` (full, about 2 min) or ``--quick``
 (smoke, < 20 s). ``--json PATH`` also writes the numbers; ``--targets`` picks some;
 ``--profile-dir DIR`` records fastroute with py-spy (raw collapsed stacks) during
-phases 1 and 2 (its CPU figures are then not representative).
+phases 1 and 2 (its CPU figures are then not representative); ``--profile-native`` adds
+C frames (uvloop, libpython, syscalls), pausing the process per sample, which over-weights
+syscalls: compare with ``perf`` before trusting a syscall's share.
 """
 
 from __future__ import annotations
@@ -342,15 +344,20 @@ def _pct(values: list[float], q: float) -> float:
 
 
 @contextlib.contextmanager
-def py_spy(pid: int, out: Path | None, duration_s: int) -> Iterator[None]:
-    """Record ``pid`` with py-spy into ``out`` (raw collapsed stacks) while the block runs."""
+def py_spy(pid: int, out: Path | None, duration_s: int, native: bool = False) -> Iterator[None]:
+    """Record ``pid`` with py-spy into ``out`` (raw collapsed stacks) while the block runs.
+
+    ``native``: C frames too (uvloop, httptools, the kernel entry points); py-spy then
+    pauses the process for each sample, which costs the router some CPU.
+    """
     if out is None:
         yield
         return
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     # --subprocesses: ``fastroute serve`` may run its worker as a child of a supervisor.
-    cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "250", "--nonblocking",
+    cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
            "--subprocesses", "--duration", str(duration_s), "--output", str(out)]  # fmt: skip
+    cmd.append("--native" if native else "--nonblocking")
     spy = Server("py-spy", cmd)
     time.sleep(0.5)
     try:
@@ -382,7 +389,8 @@ async def measure(
         for phase, n, stream in (("request", args.requests, False),
                                  ("stream", args.streams, True)):  # fmt: skip
             spy_out = profile / f"fastroute-{phase}.txt" if profile else None
-            with py_spy(server.pid if server else 0, spy_out, int(args.phase_timeout) + 5):
+            spy_s = int(args.phase_timeout) + 5
+            with py_spy(server.pid if server else 0, spy_out, spy_s, args.profile_native):
                 cpu0 = server.cpu_s() if server else 0.0
                 stub0 = stub.cpu_s()
                 res = await run_phase(session, url, n=n, stream=stream, **common)
@@ -565,6 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="default 1000")
     parser.add_argument("--phase-timeout", type=float, default=None, help="seconds (default 25)")
     parser.add_argument("--profile-dir", metavar="DIR", help="py-spy fastroute into DIR")
+    parser.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="with --profile-dir: native frames too (py-spy --native)",
+    )
     parser.add_argument("--ref-tree", metavar="DIR", help="source tree of target fastroute-ref")
     parser.add_argument("--rounds", type=int, default=1, help="repeat, alternating the order")
     args = parser.parse_args(argv)

@@ -443,9 +443,17 @@ class AdmissionQueue:
         self.guard = guard
         self._clock = clock
         self._waiters: dict[int, asyncio.Future[None]] = {}
+        # The running loop's ``time``, looked up once (asyncio.get_running_loop() costs
+        # a getpid() syscall on Python 3.11; the queue serves in one loop).
+        self._loop_time: Callable[[], float] | None = None
 
     def _now(self) -> float:
-        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+        if self._clock is not None:
+            return self._clock()
+        loop_time = self._loop_time
+        if loop_time is None:
+            loop_time = self._loop_time = asyncio.get_running_loop().time
+        return loop_time()
 
     async def acquire(self) -> None:
         """Take a slot, waiting in the bounded queue if need be.
@@ -455,11 +463,36 @@ class AdmissionQueue:
         AdmissionRejected
             Queue full, guard dropping, or no slot within ``max_wait_s``.
         """
+        queued = self.try_acquire()
+        if queued is not None:
+            await self.wait(queued)
+
+    def try_acquire(self) -> Admission | None:
+        """Take a slot now if one is free (returns None) or join the queue.
+
+        The request path's common case, no queueing, without a coroutine. When this
+        returns an admission (queued), the caller must ``await wait(admission)``.
+
+        Raises
+        ------
+        AdmissionRejected
+            Queue full or guard dropping.
+        """
         admission = self.guard.arrive(self._now())
         if admission.verdict is Verdict.GRANTED:
-            return
+            return None
         if admission.rejected:
             raise AdmissionRejected(admission)
+        return admission
+
+    async def wait(self, admission: Admission) -> None:
+        """Wait for the slot of a queued ``admission`` (from :meth:`try_acquire`).
+
+        Raises
+        ------
+        AdmissionRejected
+            No slot within ``max_wait_s``.
+        """
         ticket = admission.ticket
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = fut

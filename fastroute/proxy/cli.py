@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) -> int:
     import asyncio
+    import gc
     import signal
     import sys
 
@@ -148,6 +149,15 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
             server = LeanServer(app)
             try:
                 await server.start(host, port, reuse_port=True)
+                # What exists now (modules, config, tables, the app) lives as long as the
+                # worker: move it out of the collector's generations, so the collections
+                # the request path's allocations trigger do not traverse it (they were
+                # ~5 % of a worker's CPU). A request allocates a few hundred container
+                # objects, nearly all freed by reference counting: collect the young
+                # generation every 10 000 allocations instead of 700 (its cost is the
+                # live young objects each time, i.e. the requests in flight).
+                gc.freeze()
+                gc.set_threshold(10_000, 10, 10)
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, stop.set)
                 loop.add_signal_handler(signal.SIGHUP, on_hup)

@@ -72,6 +72,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Column of each EWMA in the local (unshared) EWMA array, in ``Ewma`` order.
+_EWMA_COLUMN = {e: i for i, e in enumerate(Ewma)}
+
 #: Most distinct (zones, hardware) request masks cached.
 MAX_CACHED_MASKS = 1024
 
@@ -144,6 +147,9 @@ class EngineStats:
                 with contextlib.suppress(KeyError):
                     slots[i] = block.slot(int(eid))
         self.slots = slots
+        # The same as Python ints: indexing a numpy array and int() of the scalar cost
+        # more than the counter update itself, five times per request.
+        self._slot_of: list[int] = [int(x) for x in slots]
         self.shared = slots >= 0
         self._shared_idx = np.flatnonzero(self.shared)
         self._shared_slots = slots[self.shared]
@@ -156,7 +162,7 @@ class EngineStats:
 
     def add_in_flight(self, index: int, delta: int) -> None:
         """Add ``delta`` to engine ``index``'s in-flight count (atomic when shared)."""
-        slot = int(self.slots[index])
+        slot = self._slot_of[index]
         if slot >= 0:
             assert self.block is not None
             self.block.add(slot, Counter.IN_FLIGHT, delta)
@@ -165,7 +171,7 @@ class EngineStats:
 
     def in_flight_of(self, index: int) -> int:
         """Engine ``index``'s current in-flight count (all workers when shared)."""
-        slot = int(self.slots[index])
+        slot = self._slot_of[index]
         if slot >= 0:
             assert self.block is not None
             return self.block.get(slot, Counter.IN_FLIGHT)
@@ -183,7 +189,7 @@ class EngineStats:
     def record_outcome(self, index: int, outcome: Outcome) -> None:
         """Count one finished attempt (REQUESTS, and FAILURES for 5xx/connect/timeout)."""
         failed = outcome in FAILURE_OUTCOMES
-        slot = int(self.slots[index])
+        slot = self._slot_of[index]
         if slot >= 0:
             assert self.block is not None
             self.block.add(slot, Counter.REQUESTS, 1)
@@ -197,7 +203,7 @@ class EngineStats:
 
     def observe(self, index: int, ewma: Ewma, sample: float) -> None:
         """Fold a latency sample (seconds) into engine ``index``'s EWMA."""
-        slot = int(self.slots[index])
+        slot = self._slot_of[index]
         if slot >= 0:
             assert self.block is not None
             self.block.observe(slot, ewma, sample)
@@ -205,14 +211,14 @@ class EngineStats:
             self._fold(index, ewma, sample)
 
     def _fold(self, index: int, ewma: Ewma, sample: float) -> None:
-        col = list(Ewma).index(ewma)
+        col = _EWMA_COLUMN[ewma]
         old = self._local_ewma[index, col]
         alpha = DEFAULT_EWMA_ALPHA
         self._local_ewma[index, col] = sample if np.isnan(old) else old + alpha * (sample - old)
 
     def totals(self, index: int) -> tuple[int, int]:
         """(REQUESTS, FAILURES) of engine ``index``."""
-        slot = int(self.slots[index])
+        slot = self._slot_of[index]
         if slot >= 0:
             assert self.block is not None
             return (
@@ -223,7 +229,7 @@ class EngineStats:
 
     def ewma(self, index: int, ewma: Ewma) -> float:
         """Engine ``index``'s EWMA (NaN before its first sample)."""
-        slot = int(self.slots[index])
+        slot = self._slot_of[index]
         if slot >= 0:
             assert self.block is not None
             return self.block.ewma(slot, ewma)

@@ -330,6 +330,20 @@ class InferenceHandler:
         self._marginal = frozenset(
             name for name, p in ctx.policies.items() if isinstance(p, MarginalCost)
         )
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this handler serves in, looked up once.
+
+        On Python 3.11 every ``asyncio.get_running_loop()`` makes a ``getpid()``
+        syscall (a fork check); the request path needed about five per request, 5–8 %
+        of a worker's CPU. A handler serves in one loop (its context's upstream
+        connections belong to that loop).
+        """
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -497,7 +511,7 @@ class InferenceHandler:
             The response; ``streamed=True`` if it already went through ``sink``.
         """
         ctx = self.ctx
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         t0 = loop.time()
         record = DecisionRecord(request_id=rid, endpoint=request.path)
         metrics = ctx.metrics
@@ -583,7 +597,9 @@ class InferenceHandler:
                 request, kind, body, parsed, cls, record, t0, key, sink
             )
         try:
-            await admission.acquire()
+            queued = admission.try_acquire()  # no coroutine unless it has to wait
+            if queued is not None:
+                await admission.wait(queued)
         except AdmissionRejected as exc:
             ctx.metrics.shed.labels(cls.cls.name, "admission").inc()
             if ctx.aggregator is not None:
@@ -619,7 +635,7 @@ class InferenceHandler:
         ctx, config, fleet = self.ctx, self.config, self.ctx.fleet
         if ctx.pd is not None and kind != "embeddings" and cls.model in ctx.pd.models:
             return await self._pd_forward(request, body, parsed, cls, record, t0, key, sink)
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         name = config.policy_for(cls.cls)
         policy = ctx.policies[name]
         mask = fleet.request_mask(cls.zones, cls.hardware)
@@ -737,7 +753,7 @@ class InferenceHandler:
         ctx, config = self.ctx, self.config
         pd = ctx.pd
         assert pd is not None
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         name = config.policy_for(cls.cls)
         p_fleet, d_fleet = pd.prefill, pd.decode
         p_cls = replace(cls, row=p_fleet.rows[(cls.model, cls.priority)])
@@ -986,7 +1002,7 @@ class InferenceHandler:
         ctx = self.ctx
         assert ctx.upstream is not None
         upstream = ctx.upstream
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         engine = fleet.engines[index]
         engine_id = int(fleet.engine_ids[index])
         attempt = Attempt(engine=engine.name, rank=rank, stage=stage)
@@ -1019,7 +1035,9 @@ class InferenceHandler:
                     )
                 else:
                     try:
-                        data = await upstream.read_body(resp, engine.name, deadline)
+                        data = upstream.complete_body(resp, engine.name)  # no wait: common
+                        if data is None:
+                            data = await upstream.read_body(resp, engine.name, deadline)
                     except UpstreamError as exc:
                         attempt.detail = exc.message
                         self._record_outcome(fleet, index, exc.outcome, attempt)
@@ -1142,7 +1160,7 @@ class InferenceHandler:
         ctx = self.ctx
         assert ctx.upstream is not None
         upstream = ctx.upstream
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         timeouts = self.config.timeouts
         try:
             chunk = await upstream.read_chunk(

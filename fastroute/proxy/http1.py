@@ -195,6 +195,17 @@ class Response:
             self._conn = None
             conn.discard()
 
+    def complete_body(self) -> bytes | None:
+        """The whole body if it already arrived to its end, else None (nothing read).
+
+        A small response usually arrives with its head: the caller then needs no
+        wait, no timer and no coroutine. Reading it consumes the buffer, like
+        :meth:`read`.
+        """
+        if not self._eof or self._exc is not None or self._closed:
+            return None
+        return self._take() if self._chunks else b""
+
     async def read(self, wait_s: float, deadline: float) -> bytes:
         """Every body byte buffered so far, waiting up to ``wait_s`` for some.
 
@@ -502,6 +513,9 @@ class HostPool:
         self._waiters: collections.deque[asyncio.Future[_Connection | None]] = collections.deque()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
+        # Bound at the first request: asyncio.get_running_loop() costs a getpid()
+        # syscall on 3.11, and the pool's connections belong to that loop anyway.
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: Connections opened so far (for tests and metrics).
         self.opened = 0
 
@@ -557,7 +571,9 @@ class HostPool:
         if self._closed:
             raise ConnectionDropped("pool closed")
         payload = self._encode(path, body, headers)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         retried = False
         while True:
             conn = await self._acquire(loop, deadline, connect_timeout_s, fresh=retried)
@@ -710,7 +726,7 @@ class HostPool:
             if not w.done():
                 w.set_result(conn)
                 return
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         conn.idle_since = loop.time()
         self._idle.append(conn)
         if self._sweeper is None:
@@ -739,7 +755,7 @@ class HostPool:
 
     def _sweep(self) -> None:
         self._sweeper = None
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         now = loop.time()
         idle = self._idle
         while idle and now - idle[0].idle_since >= self.keepalive_s - _TIMER_SLACK_S:

@@ -35,6 +35,7 @@ process (tests) apart.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +45,7 @@ from prometheus_client.registry import Collector
 
 from fastroute.predict.calibration import FleetCalibration
 
-__all__ = ["ProxyMetrics", "LATENCY_BUCKETS_S", "TBOT_BUCKETS_S"]
+__all__ = ["ProxyMetrics", "PendingHistogram", "LATENCY_BUCKETS_S", "TBOT_BUCKETS_S"]
 
 #: Buckets of TTFT and end-to-end latency, seconds.
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
@@ -143,9 +144,10 @@ class ProxyMetrics:
         # Responses counted since the last flush into ``requests``, by label values
         # (bounded like the children: classes x engines x statuses).
         self._request_counts: dict[tuple[str, str, int], int] = {}
-        self._e2e_children: dict[tuple[str, str], Any] = {}
-        self._ttft_children: dict[tuple[str, str], Any] = {}
-        self._tbot_children: dict[tuple[str, str], Any] = {}
+        # Histogram observations since the last flush, per labelled child (same bound).
+        self._e2e_children: dict[tuple[str, str], PendingHistogram] = {}
+        self._ttft_children: dict[tuple[str, str], PendingHistogram] = {}
+        self._tbot_children: dict[tuple[str, str], PendingHistogram] = {}
         #: The ``marginal-cost`` policy's calibration, exported at scrape time; None
         #: without one (set per config by ``install_marginal``).
         self.calibration: FleetCalibration | None = None
@@ -158,7 +160,10 @@ class ProxyMetrics:
         counts[key] = counts.get(key, 0) + 1
 
     def flush(self) -> None:
-        """Add the responses counted since the last flush to ``requests``."""
+        """Add the responses and observations counted since the last flush."""
+        for children in (self._e2e_children, self._ttft_children, self._tbot_children):
+            for pending in children.values():
+                pending.flush()
         counts, self._request_counts = self._request_counts, {}
         for key, n in counts.items():
             child = self._request_children.get(key)
@@ -169,16 +174,16 @@ class ProxyMetrics:
                 )
             child.inc(n)
 
-    def e2e_of(self, class_name: str, engine: str) -> Any:
-        """``e2e.labels(class_name, engine)``, cached."""
+    def e2e_of(self, class_name: str, engine: str) -> PendingHistogram:
+        """Where to ``observe`` ``e2e{class_name, engine}`` (folded in at scrape time)."""
         return _child(self._e2e_children, self.e2e, class_name, engine)
 
-    def ttft_of(self, class_name: str, engine: str) -> Any:
-        """``ttft.labels(class_name, engine)``, cached."""
+    def ttft_of(self, class_name: str, engine: str) -> PendingHistogram:
+        """Where to ``observe`` ``ttft{class_name, engine}`` (folded in at scrape time)."""
         return _child(self._ttft_children, self.ttft, class_name, engine)
 
-    def tbot_of(self, class_name: str, engine: str) -> Any:
-        """``tbot.labels(class_name, engine)``, cached."""
+    def tbot_of(self, class_name: str, engine: str) -> PendingHistogram:
+        """Where to ``observe`` ``tbot{class_name, engine}`` (folded in at scrape time)."""
         return _child(self._tbot_children, self.tbot, class_name, engine)
 
     def render(self) -> bytes:
@@ -187,10 +192,55 @@ class ProxyMetrics:
         return generate_latest(self.registry)
 
 
-def _child(cache: dict[tuple[str, str], Any], family: Any, a: str, b: str) -> Any:
+class PendingHistogram:
+    """Observations of one labelled histogram child, added to it at scrape time.
+
+    prometheus-client's ``Histogram.observe`` takes a lock per bucket and per sum and
+    walks the bounds in Python; this keeps plain bucket counts and a sum (the loop
+    thread is the only writer) and :meth:`flush` adds them to the child, so the
+    exposition is the same as observing each value there.
+
+    Parameters
+    ----------
+    child : prometheus_client.Histogram
+        The labelled child (``family.labels(...)``).
+    """
+
+    __slots__ = ("child", "_bounds", "_counts", "_sum")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        # The child's upper bounds, +Inf last: value v goes to the first bound >= v.
+        self._bounds: list[float] = list(child._upper_bounds)
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        """Count one observation (seconds)."""
+        if amount == amount:  # NaN: no bucket takes it, as in prometheus-client
+            self._counts[bisect_left(self._bounds, amount)] += 1
+        self._sum += amount
+
+    def flush(self) -> None:
+        """Add what was observed since the last flush to the child."""
+        counts = self._counts
+        if not any(counts) and self._sum == 0.0:
+            return
+        total, self._sum = self._sum, 0.0
+        self._counts = [0] * len(counts)
+        buckets = self.child._buckets
+        for i, n in enumerate(counts):
+            if n:
+                buckets[i].inc(n)
+        self.child._sum.inc(total)
+
+
+def _child(
+    cache: dict[tuple[str, str], PendingHistogram], family: Any, a: str, b: str
+) -> PendingHistogram:
     child = cache.get((a, b))
     if child is None:
-        child = cache[(a, b)] = family.labels(a, b)
+        child = cache[(a, b)] = PendingHistogram(family.labels(a, b))
     return child
 
 

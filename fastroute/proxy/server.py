@@ -70,6 +70,20 @@ def _status_line(status: int) -> bytes:
     return line if line is not None else f"HTTP/1.1 {status} Status\r\n".encode()
 
 
+#: Most header names whose lookup key is cached (the request path asks for a handful).
+_MAX_LOOKUP_KEYS = 256
+_LOOKUP_KEYS: dict[str, bytes] = {}
+
+
+def _lookup_key(name: str) -> bytes:
+    """``name`` lowercased and encoded, as :class:`HeaderView` keys its values; cached."""
+    key = name.lower().encode("utf-8", "surrogateescape")
+    if len(_LOOKUP_KEYS) >= _MAX_LOOKUP_KEYS:
+        _LOOKUP_KEYS.clear()
+    _LOOKUP_KEYS[name] = key
+    return key
+
+
 class HeaderView(Mapping[str, str]):
     """Request headers as received, looked up case-insensitively, decoded on access.
 
@@ -95,7 +109,13 @@ class HeaderView(Mapping[str, str]):
         return first
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
-        value = self._first.get(name.lower().encode("utf-8", "surrogateescape"))
+        first = self._first_by_name
+        if first is None:
+            first = self._first
+        key = _LOOKUP_KEYS.get(name)
+        if key is None:
+            key = _lookup_key(name)
+        value = first.get(key)
         return default if value is None else value.decode("utf-8", "surrogateescape")
 
     def __getitem__(self, name: str) -> str:
@@ -107,7 +127,8 @@ class HeaderView(Mapping[str, str]):
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False
-        return name.lower().encode("utf-8", "surrogateescape") in self._first
+        key = _LOOKUP_KEYS.get(name)
+        return (key if key is not None else _lookup_key(name)) in self._first
 
     def __iter__(self) -> Iterator[str]:
         return (n.decode("utf-8", "surrogateescape") for n, _ in self._raw)
@@ -446,17 +467,13 @@ class _Connection(asyncio.Protocol):
 
         ``raw``: header lines already encoded, sent first.
         """
-        lines = [f"{name}: {value}\r\n" for name, value in headers]
-        lines.append(f"x-request-id: {rid}\r\nx-fastroute-worker: {self.server.pid}\r\n")
+        own = b"x-request-id: %b\r\n%b" % (rid.encode(), self.server.worker_line)
+        if headers:
+            text = "".join([f"{name}: {value}\r\n" for name, value in headers])
+            own = text.encode("utf-8", "surrogateescape") + own
         if not keep_alive:
-            lines.append("Connection: close\r\n")
-        return (
-            _status_line(status)
-            + raw
-            + "".join(lines).encode("utf-8", "surrogateescape")
-            + framing
-            + b"\r\n"
-        )
+            own += b"Connection: close\r\n"
+        return b"%b%b%b%b\r\n" % (_status_line(status), raw, own, framing)
 
     def _fail(self, status: int, message: str, code: str) -> None:
         """A request could not be parsed: answer it (after those before it), then close."""
@@ -501,6 +518,8 @@ class LeanServer:
         self._sweep_s = min(_SWEEP_S, keepalive_s / 2)
         self.loop = asyncio.get_running_loop()
         self.pid = worker_pid()
+        #: The ``x-fastroute-worker`` header line, encoded once.
+        self.worker_line = f"x-fastroute-worker: {self.pid}\r\n".encode()
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None

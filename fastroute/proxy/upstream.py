@@ -110,6 +110,8 @@ class UpstreamPool:
         # reload builds a new UpstreamPool and closes this one).
         self._pools: dict[str, http1.HostPool] = {}
         self._ssl: ssl.SSLContext | None = None
+        # Looked up once: asyncio.get_running_loop() costs a getpid() syscall on 3.11.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _pool(self, engine: EngineConfig) -> http1.HostPool:
         url = engine.url
@@ -172,7 +174,9 @@ class UpstreamPool:
             Connect error, disconnect or timeout before the headers.
         """
         pool = self._pools.get(engine.url) or self._pool(engine)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         header_deadline = min(loop.time() + self.timeouts.first_byte_timeout_s, deadline)
         try:
             return await pool.request(
@@ -211,6 +215,22 @@ class UpstreamPool:
             return await resp.read(wait_s, deadline)
         except http1.HTTP1Error as exc:
             raise _classify(exc, engine, "mid-response") from None
+
+    def complete_body(self, resp: http1.Response, engine: str) -> bytes | None:
+        """The whole body if it already arrived (no wait), else None: then use
+        :meth:`read_body`.
+
+        Raises
+        ------
+        UpstreamError
+            ``HTTP_5XX`` for a body over :data:`MAX_ERROR_BODY_BYTES`, as :meth:`read_body`.
+        """
+        data = resp.complete_body()
+        if data is not None and len(data) > MAX_ERROR_BODY_BYTES:
+            raise UpstreamError(
+                Outcome.HTTP_5XX, f"engine {engine} sent a body over {MAX_ERROR_BODY_BYTES} bytes"
+            )
+        return data
 
     async def read_body(self, resp: http1.Response, engine: str, deadline: float) -> bytes:
         """The whole body of a non-streamed response (each chunk within the idle timeout).

@@ -338,3 +338,41 @@ def test_asyncio_waiter_cancelled_as_it_is_granted_passes_the_slot_on() -> None:
         assert queue.guard.in_flight == 0
 
     asyncio.run(main())
+
+
+def test_try_acquire_grants_without_waiting_and_queues_or_rejects_otherwise() -> None:
+    """try_acquire: None when a slot is free; the queued admission to wait() on when not;
+    AdmissionRejected at once when the queue is full."""
+
+    async def main() -> None:
+        queue = AdmissionQueue(QueueDelayGuard(1, max_queue_len=1), clock=FakeClock())
+        assert queue.try_acquire() is None and queue.guard.in_flight == 1
+        queued = queue.try_acquire()
+        assert queued is not None and queued.verdict is Verdict.QUEUED
+        with pytest.raises(AdmissionRejected, match="queue is full"):
+            queue.try_acquire()
+        waiter = asyncio.create_task(queue.wait(queued))
+        await _settle()
+        assert not waiter.done()
+        queue.release()  # the slot goes to the queued request
+        await _settle()
+        assert waiter.done() and waiter.exception() is None
+        assert queue.guard.in_flight == 1 and queue.guard.queue_len == 0
+        queue.release()
+        assert queue.guard.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_default_clock_is_the_running_loops_time() -> None:
+    """Without a clock, arrivals are stamped with the running loop's time."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        queue = AdmissionQueue(QueueDelayGuard(4))
+        before = loop.time()
+        now = queue._now()
+        assert before <= now <= loop.time()
+        assert queue._now() >= now
+
+    asyncio.run(main())

@@ -626,3 +626,66 @@ def test_malformed_response_is_protocol_error() -> None:
             p.close()
 
     run(main())
+
+
+async def _complete_body(up: UpstreamPool, resp: http1.Response, timeout_s: float = 5.0) -> bytes:
+    """Poll ``complete_body`` until the body is there (bounded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (data := up.complete_body(resp, "engine-a")) is None:
+        assert loop.time() < deadline, "the body never completed"
+        await asyncio.sleep(0.005)
+    return data
+
+
+def test_complete_body_only_once_the_whole_body_arrived() -> None:
+    """complete_body: None while the body is partial (nothing consumed), the whole body
+    once it ended; the connection is then pooled for the next request."""
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while await read_request(reader) is not None:
+            if n == 1 and not release.is_set():
+                whole = ok(b'{"part":"one","two":2}')
+                writer.write(whole[:-6])
+                await writer.drain()
+                await release.wait()
+                writer.write(whole[-6:])
+            else:
+                writer.write(ok(b"{}"))
+            await writer.drain()
+
+    async def main() -> None:
+        async with serve(handle) as srv:
+            up = _upstream()
+            loop = asyncio.get_running_loop()
+            resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
+            assert up.complete_body(resp, "engine-a") is None
+            release.set()
+            assert await _complete_body(up, resp) == b'{"part":"one","two":2}'
+            resp.close()
+            again = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
+            assert await _complete_body(up, again) == b"{}"
+            again.close()
+            assert srv.accepted == 1  # the first connection was reused
+            await up.close()
+
+    run(main())
+
+
+def test_complete_body_oversized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A complete body over MAX_ERROR_BODY_BYTES fails as read_body does."""
+    monkeypatch.setattr(upstream, "MAX_ERROR_BODY_BYTES", 1000)
+
+    async def main() -> None:
+        async with serve(keepalive_handler(b"x" * 5000)) as srv:
+            up = _upstream()
+            loop = asyncio.get_running_loop()
+            resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
+            with pytest.raises(UpstreamError) as err:
+                await _complete_body(up, resp)
+            assert err.value.outcome is Outcome.HTTP_5XX
+            resp.close()
+            await up.close()
+
+    run(main())

@@ -155,5 +155,5 @@ def test_metric_children_cached() -> None:
     assert b"fastroute_proxy_in_flight 2.0" in text
     metrics.count_request("chat", "e0", 200)
     assert b'status="200"} 4.0' in metrics.render()  # flushes add, never reset
-    assert metrics.e2e_of("chat", "e0") is metrics.e2e.labels("chat", "e0")
+    assert metrics.e2e_of("chat", "e0").child is metrics.e2e.labels("chat", "e0")
     assert metrics.ttft_of("c", "e") is metrics.ttft_of("c", "e")
