@@ -18,6 +18,17 @@ control period:
    ``peak_periods`` periods, so a rise is followed at once and a fall only after the peak window,
    then smoothly. A per-class floor keeps the forecast above 0 while the class has engines, so its
    weight row never goes empty.
+4. **Dead band**: the forecast handed to the planner is *held* until that candidate differs from
+   it by more than ``deadband_z`` standard errors of the period's measurement. The counts are
+   Poisson, so a measured rate ``N / T`` has standard error ``√N / T`` (summed in variance over
+   the workers); with ~150 requests per period that is ±8 %, and ``max(EWMA, peak)`` moves by
+   that much every period on noise alone. Every forecast move re-splits the marginal traffic in
+   the LP (weight churn, sessions losing their cache), so only a move that noise is unlikely to
+   explain is passed on. A step of more than ``deadband_z`` standard errors passes at the next
+   update (the peak term jumps to it); a smaller drift passes once ``max(EWMA, peak)`` has moved
+   that far from the held value, so the held forecast is never further than ``deadband_z``
+   standard errors from it. What needs the level itself (shed fractions) reads the live value,
+   ``forecast(..., held=False)``.
 """
 
 from __future__ import annotations
@@ -43,6 +54,8 @@ class _Worker:
     pending_window_s: float = 0.0
     pending_requests: dict[int, int] = field(default_factory=dict)
     rates_rps: dict[int, float] = field(default_factory=dict)
+    # Poisson variance of each rate, count / window² ((req/s)²)
+    variances_rps2: dict[int, float] = field(default_factory=dict)
 
 
 class DemandForecaster:
@@ -62,6 +75,9 @@ class DemandForecaster:
         Periods over which the recent peak is taken (≥ 1).
     stale_periods : float
         A worker silent for longer than ``stale_periods · period_s`` is forgotten.
+    deadband_z : float
+        Hold the forecast until ``max(EWMA, peak)`` moves by more than this many Poisson standard
+        errors of the period's measured rate (≥ 0; 0 passes every move on).
 
     Attributes
     ----------
@@ -78,6 +94,7 @@ class DemandForecaster:
         alpha: float = 0.3,
         peak_periods: int = 3,
         stale_periods: float = 3.0,
+        deadband_z: float = 2.0,
     ) -> None:
         if len(class_keys) != len(class_clusters):
             raise ValueError("class_keys and class_clusters must have the same length")
@@ -85,6 +102,8 @@ class DemandForecaster:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         if peak_periods < 1 or not period_s > 0 or not stale_periods > 0:
             raise ValueError("peak_periods must be >= 1, period_s and stale_periods > 0")
+        if not deadband_z >= 0.0:
+            raise ValueError(f"deadband_z must be >= 0, got {deadband_z}")
         self.class_keys = [int(k) for k in class_keys]
         self.class_clusters = list(class_clusters)
         self._row = {k: i for i, k in enumerate(self.class_keys)}
@@ -93,12 +112,15 @@ class DemandForecaster:
         self.period_s = float(period_s)
         self.alpha = float(alpha)
         self.stale_after_s = float(stale_periods) * self.period_s
+        self.deadband_z = float(deadband_z)
         n = len(self.class_keys)
         self._ewma_rps = np.zeros(n)
+        self._held_rps = np.zeros(n)
         self._measured = np.zeros(n, dtype=bool)
         self._peaks: deque[FloatArray] = deque(maxlen=int(peak_periods))
         self._workers: dict[str, _Worker] = {}
         self.last_measured_rps = np.zeros(n)
+        self.last_stderr_rps = np.zeros(n)
         self.unknown_keys_total = 0
 
     # -- input ----------------------------------------------------------------------------------
@@ -130,20 +152,26 @@ class DemandForecaster:
         return self._measured.copy()
 
     def update(self, now_s: float) -> None:
-        """Close a period: drop stale workers, turn pending counts into rates, update the EWMA."""
+        """Close a period: drop stale workers, turn pending counts into rates, update the EWMA and
+        the held forecast."""
         for wid in [
             wid for wid, w in self._workers.items() if now_s - w.last_seen_s > self.stale_after_s
         ]:
             del self._workers[wid]
         n = len(self.class_keys)
         measured = np.zeros(n)
+        variance = np.zeros(n)
         for w in self._workers.values():
             if w.pending_window_s > 0:
-                w.rates_rps = {k: r / w.pending_window_s for k, r in w.pending_requests.items()}
+                t = w.pending_window_s
+                w.rates_rps = {k: r / t for k, r in w.pending_requests.items()}
+                # at least one count's worth, so a silent class still has a dead band
+                w.variances_rps2 = {k: max(r, 1) / t**2 for k, r in w.pending_requests.items()}
                 w.pending_window_s = 0.0
                 w.pending_requests = {}
             for k, rate in w.rates_rps.items():
                 measured[self._row[k]] += rate
+                variance[self._row[k]] += w.variances_rps2.get(k, 0.0)
         live_clusters = {w.cluster for w in self._workers.values()}
         mask = np.array([c in live_clusters for c in self.class_clusters], dtype=bool)
         if not mask.any():
@@ -158,8 +186,24 @@ class DemandForecaster:
         peak = np.where(mask, measured, np.nan)
         self._peaks.append(peak)
         self.last_measured_rps = np.where(mask, measured, self.last_measured_rps)
+        stderr = np.sqrt(variance)
+        self.last_stderr_rps = np.where(mask, stderr, self.last_stderr_rps)
+        candidate = np.maximum(self._ewma_rps, self._recent_peak())
+        move = first | (mask & (np.abs(candidate - self._held_rps) > self.deadband_z * stderr))
+        self._held_rps[move] = candidate[move]
 
-    def forecast(self, default_rps: npt.ArrayLike, floor_rps: npt.ArrayLike) -> FloatArray:
+    def _recent_peak(self) -> FloatArray:
+        """Largest measured rate per class over the peak window (0 where never measured)."""
+        if not self._peaks:
+            return np.zeros(len(self.class_keys))
+        stacked = np.vstack(list(self._peaks))
+        all_nan = np.all(np.isnan(stacked), axis=0)
+        peak = np.max(np.where(np.isnan(stacked), -np.inf, stacked), axis=0)
+        return np.where(all_nan, 0.0, peak)
+
+    def forecast(
+        self, default_rps: npt.ArrayLike, floor_rps: npt.ArrayLike, *, held: bool = True
+    ) -> FloatArray:
         """The demand to plan for, per class (req/s).
 
         Parameters
@@ -168,24 +212,23 @@ class DemandForecaster:
             Used for classes never measured.
         floor_rps : array_like, shape (n_classes,)
             Lower bound per class (0 for a class without engines).
+        held : bool
+            True: the value held in the dead band (what the LP plans for, so its weights do
+            not chase noise). False: the live ``max(EWMA, recent peak)``, for what must track
+            the level itself (shed fractions, :func:`controller.weights.shed_at_demand`).
 
         Returns
         -------
         ndarray, shape (n_classes,)
-            ``max(floor, max(EWMA, recent peak))`` for measured classes, ``max(floor, default)``
-            otherwise.
+            ``max(floor, held)`` for measured classes, where ``held`` is the last
+            ``max(EWMA, recent peak)`` that cleared the dead band (or the live value if
+            ``held`` is False); ``max(floor, default)`` otherwise.
         """
         default = np.asarray(default_rps, dtype=np.float64)
         floor = np.asarray(floor_rps, dtype=np.float64)
         n = len(self.class_keys)
         if default.shape != (n,) or floor.shape != (n,):
             raise ValueError(f"default_rps and floor_rps must have shape ({n},)")
-        if self._peaks:
-            stacked = np.vstack(list(self._peaks))
-            all_nan = np.all(np.isnan(stacked), axis=0)
-            peak = np.max(np.where(np.isnan(stacked), -np.inf, stacked), axis=0)
-            peak = np.where(all_nan, 0.0, peak)
-        else:
-            peak = np.zeros(n)
-        est = np.where(self._measured, np.maximum(self._ewma_rps, peak), default)
+        live = self._held_rps if held else np.maximum(self._ewma_rps, self._recent_peak())
+        est = np.where(self._measured, live, default)
         return np.maximum(est, floor)

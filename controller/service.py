@@ -3,10 +3,12 @@
 Every ``controller.period_s`` :meth:`ControllerService.step` does, in order:
 
 1. **Demand**: :class:`controller.demand.DemandForecaster` closes the period (EWMA + recent peak of
-   the proxies' reported requests/s per class). A class never measured gets the default: each
-   engine's capacity split equally over the classes eligible on it, times ``default_fraction``
-   (0.5), so the defaults of all classes together ask for half the fleet. Floor: ``floor_fraction``
-   (1e-3) of the class's eligible capacity, so no row empties while engines exist.
+   the proxies' reported requests/s per class, held within a dead band of 2 Poisson standard
+   errors so the LP does not re-split traffic on sampling noise). A class never measured gets the
+   default: each engine's capacity split equally over the classes eligible on it, times
+   ``default_fraction`` (0.5), so the defaults of all classes together ask for half the fleet.
+   Floor: ``floor_fraction`` (1e-3) of the class's eligible capacity, so no row empties while
+   engines exist.
 2. **LP data** (static, built once from the config, :class:`FleetModel`): classes are
    (source cluster, model, priority) for every declared region, served model and priority, keyed
    by :func:`class_key` (the proxy's row key). Eligibility: the engine serves the model and has role
@@ -26,7 +28,8 @@ Every ``controller.period_s`` :meth:`ControllerService.step` does, in order:
    2 max κ)`` (never cheaper to shed than to serve anything servable), ``π`` per priority from
    ``controller.shed_penalties``.
 4. **Weights**: :func:`class_weights` (fallback: eligible capacity for classes without
-   allocation), :func:`engine_weights` (split ∝ capacity), :func:`validate_weights`.
+   allocation), :func:`engine_weights` (split ∝ capacity), :func:`validate_weights`. Shed
+   fractions from :func:`shed_at_demand` at the *live* forecast (the LP planned for the held one).
 5. **Publish**, only when weights, shed fractions or the retry ratio changed, to the local table
    ``TableWriter(table_name)`` with ``meta`` = plan id, status, objective, solve time, and the retry
    ratio ``retry.ratio`` (× ``shed_retry_factor`` = 0.2 while any class is shed); the same
@@ -76,7 +79,13 @@ from controller.profiles import ProfileFitter
 from controller.scrape import EngineScraper, ScrapeWindow
 from controller.sifting import SiftingLP
 from controller.solve import RoutingLP, SolveError, SolveResult
-from controller.weights import class_weights, engine_weights, table_anchor, validate_weights
+from controller.weights import (
+    class_weights,
+    engine_weights,
+    shed_at_demand,
+    table_anchor,
+    validate_weights,
+)
 from fastroute.config import PRIORITIES, Config
 from fastroute.errors import TableError
 from fastroute.hashing import class_key, engine_id
@@ -416,9 +425,9 @@ _LEARNT = (
 def carry_forecast(old: DemandForecaster, new: DemandForecaster) -> int:
     """Copy ``old``'s demand state into ``new`` for the class keys both have; return how many.
 
-    EWMA, measured flags, recent peaks and the live workers (with their pending and last rates
-    restricted to ``new``'s classes) move over, so a reload neither forgets the measured demand
-    nor falls back to the capacity default for classes that still exist.
+    EWMA, held forecast, measured flags, recent peaks and the live workers (with their pending
+    and last rates restricted to ``new``'s classes) move over, so a reload neither forgets the
+    measured demand nor falls back to the capacity default for classes that still exist.
     """
     # reaches into the forecaster's state: a reload is the only caller that needs it
     o_row, n_row = old._row, new._row
@@ -428,6 +437,7 @@ def carry_forecast(old: DemandForecaster, new: DemandForecaster) -> int:
             w,
             pending_requests={k: r for k, r in w.pending_requests.items() if k in n_row},
             rates_rps={k: r for k, r in w.rates_rps.items() if k in n_row},
+            variances_rps2={k: v for k, v in w.variances_rps2.items() if k in n_row},
         )
     new.unknown_keys_total = old.unknown_keys_total
     if not pairs:
@@ -437,6 +447,8 @@ def carry_forecast(old: DemandForecaster, new: DemandForecaster) -> int:
     new._ewma_rps[dst] = old._ewma_rps[src]
     new._measured[dst] = old._measured[src]
     new.last_measured_rps[dst] = old.last_measured_rps[src]
+    new.last_stderr_rps[dst] = old.last_stderr_rps[src]
+    new._held_rps[dst] = old._held_rps[src]
     new._peaks.clear()
     for peak in list(old._peaks)[-(new._peaks.maxlen or 1) :]:
         row = np.full(len(new.class_keys), np.nan)
@@ -1063,6 +1075,13 @@ class ControllerService:
             return False
         self.metrics.solves.labels(status=res.status).inc()
         self.metrics.solve_seconds.observe(time.perf_counter() - t0)
+        if self.baseline is None:
+            # the LP planned for the held forecast; a shed class's fraction must admit its routed
+            # rate out of the live demand estimate (controller.weights.shed_at_demand)
+            live = self.forecaster.forecast(
+                self.model.default_rps, self.model.floor_rps, held=False
+            )
+            sigma = shed_at_demand(res.x_rps, res.shed_rps, live)
         retry = self.config.retry.ratio
         if float(sigma.max(initial=0.0)) > 1e-9:
             retry *= self.shed_retry_factor

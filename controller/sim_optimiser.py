@@ -14,14 +14,17 @@ Optimisers
     The routing LP, fed forward: the observed (lagged) class demand, a seed latency
     profile per engine from the model's idle latencies, capacities × health, network
     RTTs, and the L1 anchor at what the published table sends at the new demand
-    (:func:`~controller.weights.table_anchor`, as the service does). Tunables: ``kappa_s`` (move
+    (:func:`~controller.weights.table_anchor`, as the service does); the forecast the LP
+    sees is the forecaster's held one, the shed fractions are taken at its live one
+    (:func:`~controller.weights.shed_at_demand`, as the service does). Tunables: ``kappa_s`` (move
     penalty, s per req/s moved; default the service's ``ControllerConfig.kappa_s``),
     ``allow_shed`` (default True),
     ``derate`` (default False: health derating from the window's latency residuals and
     error rates), ``derating`` (a dict of :class:`fastroute.config.DeratingConfig`
     fields), ``demand_alpha`` and ``peak_periods`` (the service's
     :class:`~controller.demand.DemandForecaster`: EWMA weight, default 0.3, and recent-peak
-    window, default 3 periods), ``min_demand_rps`` (floor per class so an idle class
+    window, default 3 periods), ``demand_deadband_z`` (its dead band in Poisson standard
+    errors, default 2), ``min_demand_rps`` (floor per class so an idle class
     keeps a row; default 0.01).
 ``p-controller``
     The proportional baseline of reference/algorithms.md §8.1 on per-engine latency:
@@ -46,7 +49,7 @@ from controller.latency import LatencyProfile
 from controller.lp import RoutingProblem
 from controller.pcontroller import ProportionalController
 from controller.solve import RoutingLP, SolveError
-from controller.weights import class_weights, table_anchor
+from controller.weights import class_weights, shed_at_demand, table_anchor
 from fastroute.config import ControllerConfig, DeratingConfig
 from fastroute.signals.reports import REPORT_VERSION, ClassDemand, Report
 
@@ -74,9 +77,11 @@ def _health_window(w: Any) -> HealthWindow:
     )
 
 
-def _forecast(forecaster: DemandForecaster, inp: Any, floor_rps: float) -> np.ndarray:
+def _forecast(
+    forecaster: DemandForecaster, inp: Any, floor_rps: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Feed the window's per-class arrivals to the service's forecaster, as one report per
-    source region, and return its forecast."""
+    source region, and return its held and live forecasts."""
     start = inp.now_s - inp.period_s
     counts = np.rint(np.asarray(inp.demand_rps) * inp.period_s).astype(int)
     for region in dict.fromkeys(inp.class_sources):
@@ -97,7 +102,8 @@ def _forecast(forecaster: DemandForecaster, inp: Any, floor_rps: float) -> np.nd
         forecaster.observe(report, inp.now_s)
     forecaster.update(inp.now_s)
     n = len(inp.class_labels)
-    return forecaster.forecast(np.full(n, floor_rps), np.full(n, floor_rps))
+    floor = np.full(n, floor_rps)
+    return forecaster.forecast(floor, floor), forecaster.forecast(floor, floor, held=False)
 
 
 def _profiles(inp: Any) -> list[LatencyProfile]:
@@ -117,6 +123,7 @@ def lp_optimiser(
     derating: dict[str, Any] | None = None,
     demand_alpha: float = 0.3,
     peak_periods: int = 3,
+    demand_deadband_z: float = 2.0,
     min_demand_rps: float = 0.01,
 ) -> Callable[[Any], Any]:
     """The routing LP as a simulator optimiser (see the module docstring for the tunables)."""
@@ -143,9 +150,10 @@ def lp_optimiser(
                 period_s=inp.period_s,
                 alpha=demand_alpha,
                 peak_periods=peak_periods,
+                deadband_z=demand_deadband_z,
             )
         profiles = state["profiles"]
-        demand = _forecast(state["forecaster"], inp, min_demand_rps)
+        demand, live = _forecast(state["forecaster"], inp, min_demand_rps)
         health = np.ones(len(inp.engine_names))
         info: dict[str, Any] = {}
         if derate:
@@ -183,7 +191,9 @@ def lp_optimiser(
         state["x"] = res.x_rps
         state["demand"] = demand
         fallback = inp.eligible * (inp.capacity_rps * health)[None, :]
-        weights, shed = class_weights(res.x_rps, res.shed_rps, demand, fallback=fallback)
+        weights, _ = class_weights(res.x_rps, res.shed_rps, demand, fallback=fallback)
+        # as the service: the LP's admitted rate out of the live (not the held) demand
+        shed = shed_at_demand(res.x_rps, res.shed_rps, live)
         info.update(
             objective=float(res.objective),
             iterations=int(res.iterations),

@@ -14,6 +14,12 @@ increment (or decrement) that must land elsewhere pays κ. Anchoring at the old 
 charges κ for keeping the weights and makes the LP put the whole increment on one marginal target,
 which is weight churn (reference §8.3; measured in bench/test_bench_lp.py).
 
+Shed at the live demand (:func:`shed_at_demand`): the LP plans for the forecast the
+:class:`controller.demand.DemandForecaster` *holds* inside its noise dead band, which may be up to
+two standard errors off the latest estimate. Weights are fractions and barely depend on the level,
+but a shed fraction does: a class the LP sheds is admitted at ``Σ_e x_ge`` req/s, and the fraction
+that admits that rate out of the live demand ``D̂_g`` is ``1 − Σ_e x_ge / D̂_g``.
+
 Churn (reference §8.3): ``TV_t = ½ Σ_g D_g Σ_e |w_ge,t − w_ge,t−1| / Σ_g D_g``, the fraction
 of traffic whose destination changed between two periods; HRW moves about twice that many
 session keys.
@@ -27,7 +33,14 @@ import numpy.typing as npt
 from controller.groups import EngineGroups
 from fastroute.errors import TableValueError
 
-__all__ = ["class_weights", "churn", "engine_weights", "table_anchor", "validate_weights"]
+__all__ = [
+    "class_weights",
+    "churn",
+    "engine_weights",
+    "shed_at_demand",
+    "table_anchor",
+    "validate_weights",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -177,3 +190,43 @@ def table_anchor(
         raise ValueError("demands must be finite and >= 0")
     scale = np.divide(d1, d0, out=np.zeros_like(d1), where=d0 > 0)
     return x * scale[:, None]
+
+
+def shed_at_demand(
+    x_rps: npt.ArrayLike,
+    shed_rps: npt.ArrayLike,
+    demand_rps: npt.ArrayLike,
+    *,
+    min_rate_rps: float = 1e-9,
+) -> FloatArray:
+    """Shed fractions that admit the LP's routed rate of each shed class out of ``demand_rps``.
+
+    Parameters
+    ----------
+    x_rps : array_like, shape (n_classes, n_targets)
+        Routed rates of the solution (≥ 0).
+    shed_rps : array_like, shape (n_classes,)
+        Its shed rates; only classes with ``shed > 0`` (capacity-bound) are shed.
+    demand_rps : array_like, shape (n_classes,)
+        The live demand estimate (not necessarily the one the LP was solved for).
+    min_rate_rps : float
+        Routed totals at or below this are no allocation (as in :func:`class_weights`), so a
+        class with an all-zero row is shed fully, exactly 1.
+
+    Returns
+    -------
+    ndarray, shape (n_classes,)
+        ``clip(1 − Σ_e x_ge / D_g, 0, 1)`` for shed classes, 0 for the others; equals
+        :func:`class_weights`' ``shed / D`` when ``demand_rps`` is the solved-for demand.
+    """
+    x = np.asarray(x_rps, dtype=np.float64)
+    shed = np.asarray(shed_rps, dtype=np.float64)
+    demand = np.asarray(demand_rps, dtype=np.float64)
+    if x.ndim != 2 or shed.shape != (x.shape[0],) or demand.shape != shed.shape:
+        raise ValueError(f"shapes disagree: x {x.shape}, shed {shed.shape}, demand {demand.shape}")
+    if not np.all(np.isfinite(demand)) or np.any(demand < 0):
+        raise ValueError("demand_rps must be finite and >= 0")
+    routed = x.sum(axis=1)
+    routed = np.where(routed > min_rate_rps, routed, 0.0)
+    admitted = np.divide(routed, demand, out=np.ones_like(demand), where=demand > 0)
+    return np.where(shed > 0, np.clip(1.0 - admitted, 0.0, 1.0), 0.0)

@@ -53,8 +53,8 @@ def test_silent_class_of_a_reporting_cluster_falls_to_the_floor() -> None:
 
 
 def test_peak_follows_a_rise_at_once_and_ewma_a_fall_slowly() -> None:
-    """Peak follows a rise at once and ewma a fall slowly."""
-    f = _forecaster(alpha=0.5, peak_periods=2)
+    """Peak follows a rise at once and ewma a fall slowly (no dead band)."""
+    f = _forecaster(alpha=0.5, peak_periods=2, deadband_z=0.0)
     t = 0.0
     for n in (10, 10, 40):  # rise
         t += 1.0
@@ -105,4 +105,70 @@ def test_bad_parameters_are_refused() -> None:
     with pytest.raises(ValueError):
         DemandForecaster([1], ["a"], period_s=1.0, alpha=0.0)
     with pytest.raises(ValueError):
+        _forecaster(deadband_z=-1.0)
+    with pytest.raises(ValueError):
         _forecaster().forecast([1.0], [0.0])
+
+
+def _feed(f: DemandForecaster, counts: list[int], t0: float = 0.0) -> list[float]:
+    """One 1 s report of ``counts[i]`` class-11 requests per period; the forecast after each."""
+    out = []
+    for i, n in enumerate(counts):
+        t = t0 + i + 1.0
+        f.observe(_report("a", "east", 1.0, k11=n), t)
+        f.update(t)
+        out.append(float(f.forecast(DEFAULT, FLOOR)[0]))
+    return out
+
+
+def test_dead_band_holds_the_forecast_through_poisson_noise() -> None:
+    """Counts within 2 standard errors (√100 = 10) of the held level do not move the forecast."""
+    counts = [100, 112, 95, 108, 90, 104, 115, 99, 93, 110]
+    held = _feed(_forecaster(alpha=0.3, peak_periods=3), counts)
+    assert held == [100.0] * len(counts)
+    free = _feed(_forecaster(alpha=0.3, peak_periods=3, deadband_z=0.0), counts)
+    assert len(set(free)) > 3  # without the band the forecast chases every sample
+    g = _forecaster(alpha=0.3, peak_periods=3)
+    _feed(g, counts)
+    assert g.forecast(DEFAULT, FLOOR, held=False)[0] == pytest.approx(free[-1])  # live value
+    f = _forecaster()
+    _feed(f, [100])
+    assert f.last_stderr_rps[0] == pytest.approx(10.0)
+
+
+def test_dead_band_is_summed_in_variance_over_workers() -> None:
+    """Two workers of 50 requests each: the band is √100 = 10, not √50 + √50."""
+    f = _forecaster()
+    f.observe(_report("a", "east", 1.0, k11=50), 1.0)
+    f.observe(_report("b", "east", 1.0, k11=50), 1.0)
+    f.update(1.0)
+    assert f.last_stderr_rps[0] == pytest.approx(10.0)
+
+
+def test_a_real_step_is_followed_at_once_and_a_fall_within_bounded_periods() -> None:
+    """A step of 5 standard errors passes at the next update; a fall back, once out of the peak
+    window and the EWMA has come down by more than the band."""
+    f = _forecaster(alpha=0.3, peak_periods=3)
+    seen = _feed(f, [100] * 5 + [150] * 3 + [100] * 8)
+    assert seen[4] == 100.0
+    assert seen[5] == pytest.approx(150.0)  # the rise: next period
+    back = [i for i, v in enumerate(seen) if i > 7 and v < 125.0]
+    assert back and back[0] <= 7 + 3 + 3  # peak window (3) + a few EWMA periods
+
+
+def test_a_small_sustained_step_is_followed_within_bounded_periods() -> None:
+    """A rise of 1.5 standard errors (Poisson 100 → 115 per period) is within one period's
+    noise, but the recent peak of the noisy counts crosses the band within a few periods."""
+    rng = np.random.default_rng(7)
+    f = _forecaster(alpha=0.3, peak_periods=3)
+    _feed(f, rng.poisson(100, size=20).tolist())
+    after = _feed(f, rng.poisson(115, size=10).tolist(), t0=20.0)
+    assert max(after) >= 110.0
+    assert after[-1] >= 105.0  # and it stays up
+
+
+def test_silent_class_falls_through_the_band() -> None:
+    """A class that stops arriving (0 counts: band of one count) falls to its floor."""
+    f = _forecaster(alpha=1.0, peak_periods=1)
+    seen = _feed(f, [20, 20, 0, 0])
+    assert seen[-1] == pytest.approx(0.1)

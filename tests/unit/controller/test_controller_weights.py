@@ -11,6 +11,7 @@ from controller.weights import (
     churn,
     class_weights,
     engine_weights,
+    shed_at_demand,
     table_anchor,
     validate_weights,
 )
@@ -83,3 +84,21 @@ def test_table_anchor_is_the_old_table_applied_to_the_new_demand() -> None:
         table_anchor(x, d0, np.array([1.0, -1.0, 1.0]))
     with pytest.raises(ValueError, match="shapes"):
         table_anchor(x, d0[:2], d0[:2])
+
+
+def test_shed_at_demand_admits_the_routed_rate_out_of_the_live_demand() -> None:
+    """A shed class admits Σx of the live demand; unshed classes get 0; the solved-for demand
+    reproduces class_weights' shed / D."""
+    x = np.array([[30.0, 30.0], [10.0, 0.0], [1e-14, 0.0]])  # row 2: no allocation
+    shed = np.array([40.0, 0.0, 5.0])
+    solved = np.array([100.0, 10.0, 5.0])
+    _, sigma = class_weights(x, shed, solved)
+    np.testing.assert_allclose(shed_at_demand(x, shed, solved), sigma)
+    live = np.array([120.0, 14.0, 6.0])  # higher than planned for: class 1 was not shed
+    np.testing.assert_allclose(shed_at_demand(x, shed, live), [0.5, 0.0, 1.0])
+    assert shed_at_demand(x, shed, live)[2] == 1.0  # exactly: its row is published all zero
+    np.testing.assert_allclose(shed_at_demand(x, shed, [50.0, 10.0, 0.0]), [0.0, 0.0, 0.0])
+    with pytest.raises(ValueError):
+        shed_at_demand(x, shed, [1.0, -1.0, 1.0])
+    with pytest.raises(ValueError):
+        shed_at_demand(x, shed[:2], live)
