@@ -512,7 +512,8 @@ class ProxyConfig(_Section):
         be a declared tenant. Unset means such requests get 401, unless no tenants are
         declared at all (then every request is anonymous).
     admin_token : str, optional
-        Bearer token for the admin endpoints (decision records); unset disables them.
+        Bearer token that opens the admin endpoints (decision records) to clients off the
+        host; loopback clients need none. Unset: loopback only.
     forward_authorization : bool
         Forward the client's ``Authorization`` header to engines (otherwise the
         engine's ``api_key``, if any, is sent).
