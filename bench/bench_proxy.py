@@ -54,7 +54,6 @@ import platform
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,8 +67,10 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
+from fastroute.bench.process import free_port
+from fastroute.bench.procstat import session_cpu_s
+
 ROOT = Path(__file__).resolve().parents[1]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODEL = "stub-model"
 TARGETS = ("direct", "fastroute", "fastroute-ref", "nginx", "sglang-router")
 #: ``--ref-tree``: the source tree ``fastroute-ref`` runs (None: that target is skipped).
@@ -77,29 +78,6 @@ REF_TREE: Path | None = None
 READY_TIMEOUT_S = 30.0
 #: Every process this script started, so that an interrupt stops them all.
 _STARTED: list[Server] = []
-
-
-def free_port() -> int:
-    """A port free right now on 127.0.0.1 (the server binds it a moment later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def session_cpu_s(sid: int) -> float:
-    """CPU seconds of every live process of session ``sid`` (with reaped children's)."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:  # field 6 of stat: session id
-            total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-    return total / CLK_TCK
 
 
 class Server:

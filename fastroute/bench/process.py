@@ -28,6 +28,8 @@ from pathlib import Path
 
 import aiohttp
 
+from fastroute.bench.procstat import group_alive
+
 __all__ = [
     "ManagedProcess",
     "ProcessSet",
@@ -167,17 +169,7 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     # killpg succeeds for zombies too: look for a live, non-zombie member.
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return group_alive(pgid)
 
 
 class ProcessSet:

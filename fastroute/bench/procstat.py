@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 
 __all__ = ["session_cpu_s", "session_rss_bytes", "session_pids", "RssSampler"]
 
@@ -31,28 +32,32 @@ def _stat_fields(pid: str) -> list[str] | None:
         return None
 
 
-def session_pids(sid: int) -> list[int]:
-    """Pids of the live (not zombie) processes of session ``sid``."""
-    out = []
+def _stats() -> Iterator[tuple[int, list[str]]]:
+    """``(pid, stat fields after the command name)`` of every process still there."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat_fields(entry)
-            # stat field 3: state ("Z" = exited, not yet reaped); field 6: session
-            if fields is not None and int(fields[3]) == sid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
+            if fields is not None:
+                yield int(entry), fields
+
+
+def session_pids(sid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of session ``sid``."""
+    # stat field 3: state ("Z" = exited, not yet reaped); field 6: session
+    return [pid for pid, f in _stats() if int(f[3]) == sid and f[0] != "Z"]
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a live (not zombie) member (stat field 5)."""
+    return any(int(f[2]) == pgid and f[0] != "Z" for _, f in _stats())
 
 
 def session_cpu_s(sid: int) -> float:
     """CPU seconds used by session ``sid``: live members plus the children they reaped."""
-    ticks = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fields = _stat_fields(entry)
-        if fields is not None and int(fields[3]) == sid:
-            # utime, stime, cutime, cstime are stat fields 14-17.
-            ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    # utime, stime, cutime, cstime are stat fields 14-17.
+    ticks = sum(
+        int(f[11]) + int(f[12]) + int(f[13]) + int(f[14]) for _, f in _stats() if int(f[3]) == sid
+    )
     return ticks / _CLK_TCK
 
 
