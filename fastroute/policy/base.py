@@ -55,6 +55,7 @@ __all__ = [
     "check_k",
     "rendezvous_tail",
     "pick_min",
+    "rank_by_load",
 ]
 
 #: Length of the failover ranking a decision carries by default (DESIGN.md §3 step 5).
@@ -406,3 +407,26 @@ def pick_min(
         return -1
     ties = sel & (values == candidates.min())
     return int(view.selector.pick(request.key_hash, request.row, ties.view(np.uint8)))
+
+
+def rank_by_load(
+    view: FleetView,
+    request: RouteRequest,
+    eligible: np.ndarray,
+    loads: np.ndarray,
+    k: int,
+) -> list[int]:
+    """Up to ``k`` engines of ``eligible`` by ascending ``loads``, ties by rendezvous order.
+
+    Each position is :func:`pick_min` over the engines not yet ranked, so the ranking is
+    the failover order a load-based policy wants. ``eligible`` is not modified.
+    """
+    remaining = eligible.astype(bool)  # a copy: picked engines are cleared in it
+    ranked: list[int] = []
+    while len(ranked) < k:
+        best = pick_min(view, request, remaining, loads)
+        if best < 0:
+            break
+        ranked.append(best)
+        remaining[best] = False
+    return ranked

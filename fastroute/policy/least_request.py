@@ -43,7 +43,7 @@ from fastroute.policy.base import (
     Policy,
     RouteRequest,
     check_k,
-    pick_min,
+    rank_by_load,
 )
 
 __all__ = ["LeastRequest"]
@@ -56,16 +56,10 @@ class LeastRequest(Policy):
 
     def choose(self, request: RouteRequest, view: FleetView, k: int = DEFAULT_K) -> Decision:
         check_k(k)
-        remaining = view.eligible(request.row).astype(bool)
+        eligible = view.eligible(request.row)
         # One consistent copy: the live counts may move while we rank.
         loads = np.array(view.in_flight(), dtype=np.int64)
-        ranked: list[int] = []
-        while len(ranked) < k:
-            best = pick_min(view, request, remaining, loads)
-            if best < 0:
-                break
-            ranked.append(best)
-            remaining[best] = False
+        ranked = rank_by_load(view, request, eligible, loads, k)
         if not ranked:
             return self._empty()
         return self._decision(view, ranked, "least-request", [loads[i] for i in ranked])

@@ -49,7 +49,7 @@ from fastroute.policy.base import (
     PolicyConfigError,
     RouteRequest,
     check_k,
-    pick_min,
+    rank_by_load,
 )
 
 __all__ = ["LengthHeuristic"]
@@ -76,18 +76,12 @@ class LengthHeuristic(Policy):
 
     def choose(self, request: RouteRequest, view: FleetView, k: int = DEFAULT_K) -> Decision:
         check_k(k)
-        remaining = view.eligible(request.row).astype(bool)
+        eligible = view.eligible(request.row)
         long = request.prompt_tokens >= self.long_prompt_tokens
         loads = self._token_loads(view) if long else None
         if loads is None:
             loads = np.array(view.in_flight(), dtype=np.float64)
-        ranked: list[int] = []
-        while len(ranked) < k:
-            best = pick_min(view, request, remaining, loads)
-            if best < 0:
-                break
-            ranked.append(best)
-            remaining[best] = False
+        ranked = rank_by_load(view, request, eligible, loads, k)
         if not ranked:
             return self._empty()
         reason = "long-prompt" if long else "short-prompt"
