@@ -321,6 +321,10 @@ class LoadDriver:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         # Wait for the workers unless the deadline/stop comes first; _drain bounds the rest.
+        await self._wait_unless_stopped(tasks)
+
+    async def _wait_unless_stopped(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Until every task in ``tasks`` is done or :meth:`stop` (or the deadline) is called."""
         stop = asyncio.create_task(self._stop.wait())
         try:
             pending: set[asyncio.Task[Any]] = set(tasks)
@@ -337,16 +341,7 @@ class LoadDriver:
             return
         if not self._stop.is_set():
             # Natural end: wait for the sessions in progress, until the deadline stops them.
-            stop = asyncio.create_task(self._stop.wait())
-            try:
-                pending: set[asyncio.Task[Any]] = set(tasks)
-                while pending and not self._stop.is_set():
-                    _, pending = await asyncio.wait(
-                        pending | {stop}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    pending.discard(stop)
-            finally:
-                stop.cancel()
+            await self._wait_unless_stopped(tasks)
         if tasks:
             await asyncio.wait(set(tasks), timeout=self.options.drain_s)
 
