@@ -151,9 +151,12 @@ def stop_all() -> None:
 
 
 # -- targets ---------------------------------------------------------------------------------------
-def start_stub(tokens: int, stream_writes: int) -> tuple[Server, str]:
+def start_stub(
+    tokens: int, stream_writes: int, write_interval_ms: float = 0.0
+) -> tuple[Server, str]:
     cmd = [sys.executable, str(ROOT / "bench" / "stub_engine.py"), "--port", "0",
-           "--tokens", str(tokens), "--stream-writes", str(stream_writes)]  # fmt: skip
+           "--tokens", str(tokens), "--stream-writes", str(stream_writes),
+           "--write-interval-ms", str(write_interval_ms)]  # fmt: skip
     stub = Server("stub", cmd)
     try:
         line = stub.lines.get(timeout=READY_TIMEOUT_S)
@@ -512,7 +515,7 @@ async def main_async(args: argparse.Namespace) -> list[list[dict[str, object]]]:
 
 async def run_round(args: argparse.Namespace, targets: list[str]) -> list[dict[str, object]]:
     results: list[dict[str, object]] = []
-    stub, stub_url = start_stub(args.tokens, args.stream_writes)
+    stub, stub_url = start_stub(args.tokens, args.stream_writes, args.write_interval_ms)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
             for target in targets:
@@ -547,6 +550,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=None, help="phase 2 (default 2000)")
     parser.add_argument("--tokens", type=int, default=100, help="tokens per stream")
     parser.add_argument("--stream-writes", type=int, default=4, help="stub writes per stream")
+    parser.add_argument(
+        "--write-interval-ms",
+        type=float,
+        default=0.0,
+        help="ms between the stub's writes of a stream (default 0: at once; >0 paces them "
+        "like decode steps, one router wake-up per write)",
+    )
     parser.add_argument("--latency-requests", type=int, default=None, help="phase 3 (500)")
     parser.add_argument("--warmup", type=int, default=None, help="default 1000")
     parser.add_argument("--phase-timeout", type=float, default=None, help="seconds (default 25)")
@@ -588,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nProxy overhead, {platform.node()} ({os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}): stub engine, one router worker, c={args.concurrency}, "
-        f"{args.tokens} tokens/stream in {args.stream_writes} writes; "
+        f"{args.tokens} tokens/stream in {args.stream_writes} writes"
+        f"{f' {args.write_interval_ms:g} ms apart' if args.write_interval_ms else ''}; "
         f"{time.monotonic() - started:.0f} s\n"
     )
     results = rounds[-1]

@@ -5,8 +5,9 @@ that the engine's own CPU cost per request is as small as the router's is large:
 
 * ``POST /v1/chat/completions`` and ``POST /v1/completions``: a fixed JSON answer, or
   with ``"stream": true`` an SSE body of ``--tokens`` chunk events (overridable per
-  request by ``max_tokens``) plus ``[DONE]``, sent at once in ``--stream-writes``
-  transport writes (chunked transfer encoding, keep-alive);
+  request by ``max_tokens``) plus ``[DONE]``, sent in ``--stream-writes`` transport
+  writes (chunked transfer encoding, keep-alive): at once, or ``--write-interval-ms``
+  apart (paced like a real engine's decode steps, so a router sees one wake-up per write);
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (a few vLLM-style lines, so
   routers that scrape engines find what they expect); any other ``GET`` answers
   ``200 {}`` (routers probe ``/get_server_info`` and the like at start).
@@ -154,14 +155,25 @@ class StubProtocol(asyncio.Protocol):
             per = -(-n // writes)
             transport.write(_SSE_HEAD)
             sent = 0
+            writes_out: list[bytes] = []
             while sent < n:
                 k = min(per, n - sent)
                 sent += k
                 tail = _SSE_DONE if sent >= n else b""
                 out = _chunk(_TOKEN_EVENT * k + tail)
-                transport.write(out + b"0\r\n\r\n" if tail else out)
+                writes_out.append(out + b"0\r\n\r\n" if tail else out)
             if n == 0:
-                transport.write(_chunk(_SSE_DONE) + b"0\r\n\r\n")
+                writes_out.append(_chunk(_SSE_DONE) + b"0\r\n\r\n")
+            interval_s = server.write_interval_s
+            if interval_s <= 0:
+                for out in writes_out:
+                    transport.write(out)
+                return
+            # Paced: the first write now, the others interval_s apart (one timer each,
+            # bounded by the stream's length); a closed connection drops the rest.
+            loop = asyncio.get_running_loop()
+            for i, out in enumerate(writes_out):
+                loop.call_later(i * interval_s, _write_unless_closed, transport, out)
         elif method == b"GET" and path == b"/v1/models":
             transport.write(server.models_response)
         elif method == b"GET" and path == b"/metrics":
@@ -173,6 +185,11 @@ class StubProtocol(asyncio.Protocol):
             transport.write(server.empty_response)
         else:
             transport.write(_json_response(b'{"error":"not found"}', b"404 Not Found"))
+
+
+def _write_unless_closed(transport: asyncio.Transport, data: bytes) -> None:
+    if not transport.is_closing():
+        transport.write(data)
 
 
 def _dechunk(buf: bytes, pos: int) -> tuple[bytes, int] | None:
@@ -200,9 +217,10 @@ def _dechunk(buf: bytes, pos: int) -> tuple[bytes, int] | None:
 class StubServer:
     """Configuration and counters shared by the connections."""
 
-    def __init__(self, tokens: int, stream_writes: int) -> None:
+    def __init__(self, tokens: int, stream_writes: int, write_interval_s: float = 0.0) -> None:
         self.tokens = tokens
         self.stream_writes = stream_writes
+        self.write_interval_s = write_interval_s
         self.requests = 0
         self.tokens_sent = 0
         self.completion_response = _json_response(_COMPLETION)
@@ -210,10 +228,12 @@ class StubServer:
         self.empty_response = _json_response(b'{"status":"ok"}')
 
 
-async def serve(host: str, port: int, tokens: int, stream_writes: int) -> None:
+async def serve(
+    host: str, port: int, tokens: int, stream_writes: int, write_interval_s: float = 0.0
+) -> None:
     """Serve until SIGTERM/SIGINT."""
     loop = asyncio.get_running_loop()
-    state = StubServer(tokens, stream_writes)
+    state = StubServer(tokens, stream_writes, write_interval_s)
     server = await loop.create_server(lambda: StubProtocol(state), host, port, backlog=1024)
     bound = server.sockets[0].getsockname()
     print(f"stub listening on http://{bound[0]}:{bound[1]}", flush=True)
@@ -239,8 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stream-writes", type=int, default=4, help="transport writes per stream (default 4)"
     )
+    parser.add_argument(
+        "--write-interval-ms",
+        type=float,
+        default=0.0,
+        help="milliseconds between a stream's writes (default 0: all at once)",
+    )
     args = parser.parse_args(argv)
-    uvloop.run(serve(args.host, args.port, args.tokens, args.stream_writes))
+    uvloop.run(
+        serve(args.host, args.port, args.tokens, args.stream_writes, args.write_interval_ms / 1000)
+    )
     return 0
 
 

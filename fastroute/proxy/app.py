@@ -440,6 +440,9 @@ class _AiohttpSink:
         assert self.response is not None
         await self.response.write_eof()
 
+    def splice(self) -> None:
+        return None  # aiohttp writes are coroutines: the handler relays chunk by chunk
+
 
 def current_context(app: web.Application) -> ProxyContext:
     """The context new requests use (``app[CONTEXT]`` is the first one, before reloads)."""

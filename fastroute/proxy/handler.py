@@ -59,7 +59,7 @@ from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.openai_errors import error_reply, sse_error_event
 from fastroute.proxy.outlier import Outcome
 from fastroute.proxy.pd import PDPools, PDProtocolError, decode_body, prefill_body, transfer_params
-from fastroute.proxy.reply import Reply, Sink
+from fastroute.proxy.reply import Reply, Sink, Splice
 from fastroute.proxy.requests import (
     ChatRequest,
     CompletionRequest,
@@ -1176,39 +1176,48 @@ class InferenceHandler:
             raise _Retryable(exc) from None
         headers = [("Cache-Control", "no-cache")]
         await sink.start(resp.status, headers, self._response_headers(resp, record))
-        first_at = last_at = loop.time()
+        first_at = loop.time()
         if tracked is not None:
             tracked.first_token(first_at)
         record.timings["first_token"] = first_at - t0
         labels = (cls.cls.name, attempt.engine)
         ctx.metrics.ttft_of(*labels).observe(first_at - t0)
         fleet.observe(index, Ewma.TTFT_S, first_at - t0)
-        n_chunks = n_events = n_usage = 0
-        first = chunk
-        last = b""  # the last chunk written; its tail is only looked at on failure
+        tally = _StreamTally(chunk, tracked)
         failure: UpstreamError | None = None
         try:
-            while chunk:
-                await sink.write(chunk)
-                n_chunks += 1
-                n_events += chunk.count(DATA_PREFIX)
-                n_usage += chunk.count(USAGE_MARK)
-                last_at = loop.time()
-                last = chunk
-                if tracked is not None:
-                    tracked.chunk(chunk, last_at)
+            await sink.write(chunk)
+            tally.add(chunk, first_at)
+            splice = sink.splice()
+            if splice is not None:
+                # The engine's chunks go to the client from the connection's callback:
+                # this coroutine only wakes at the end (or on a failure or timeout).
+                tally.splice = splice
+                splice.on_writable(resp.resume_reading)
+                resp.relay(tally.relay)
                 try:
-                    chunk = await upstream.read_chunk(
-                        resp, attempt.engine, timeouts.idle_timeout_s, deadline
-                    )
+                    await upstream.wait_end(resp, attempt.engine, deadline)
                 except UpstreamError as exc:
                     failure = exc
-                    break
+                splice.on_writable(None)
+            else:
+                while True:
+                    try:
+                        chunk = await upstream.read_chunk(
+                            resp, attempt.engine, timeouts.idle_timeout_s, deadline
+                        )
+                    except UpstreamError as exc:
+                        failure = exc
+                        break
+                    if not chunk:
+                        break
+                    await sink.write(chunk)
+                    tally.add(chunk, loop.time())
             if failure is not None:
-                attempt.detail = f"stream broke after {n_chunks} chunks: {failure.message}"
+                attempt.detail = f"stream broke after {tally.n_chunks} chunks: {failure.message}"
                 self._record_outcome(fleet, index, failure.outcome, attempt)
                 record.error = attempt.detail
-                sep = b"" if last.endswith(_SSE_END) else _SSE_END
+                sep = b"" if tally.last.endswith(_SSE_END) else _SSE_END
                 await sink.write(sep + sse_error_event(failure.message, code=failure.code))
             else:
                 self._record_outcome(fleet, index, Outcome.SUCCESS, attempt)
@@ -1218,10 +1227,10 @@ class InferenceHandler:
             record.error = "client disconnected mid-stream"
         # TBOT over token events: the role event comes with the first token and [DONE]
         # with the last, so the span first..last chunk covers n_tokens - 1 gaps
-        n_tokens = output_events(n_events, n_usage, first, last)
+        n_tokens = output_events(tally.n_events, tally.n_usage, tally.first, tally.last)
         tbot_s: float | None = None
         if n_tokens > 1:
-            tbot_s = (last_at - first_at) / (n_tokens - 1)
+            tbot_s = (tally.last_at - first_at) / (n_tokens - 1)
             record.timings["tbot_s"] = tbot_s
             ctx.metrics.tbot_of(*labels).observe(tbot_s)
             fleet.observe(index, Ewma.TBOT_S, tbot_s)
@@ -1230,6 +1239,42 @@ class InferenceHandler:
             ctx.aggregator.observe_latency(engine_id, first_at - t0, tbot_s)
             ctx.aggregator.observe_output(int(fleet.row_keys[cls.row]), n_tokens)
         return Reply(resp.status, headers, streamed=True)
+
+
+class _StreamTally:
+    """What a relayed SSE body carried: chunks, ``data:`` events, usage events, the first
+    and last chunk and when the last arrived (for TBOT and output lengths).
+
+    ``tracked`` (``marginal-cost`` classes) is told of every chunk. With ``splice`` set,
+    :meth:`relay` is the engine connection's callback (:meth:`Response.relay`).
+    """
+
+    __slots__ = ("n_chunks", "n_events", "n_usage", "first", "last", "last_at", "tracked", "splice")
+
+    def __init__(self, first: bytes, tracked: AttemptLoad | None) -> None:
+        self.n_chunks = self.n_events = self.n_usage = 0
+        self.first = first
+        self.last = b""  # the last chunk written; its tail is only looked at on failure
+        self.last_at = 0.0
+        self.tracked = tracked
+        self.splice: Splice | None = None
+
+    def add(self, chunk: bytes, now: float) -> None:
+        """Count a chunk written to the client at ``now``."""
+        self.n_chunks += 1
+        self.n_events += chunk.count(DATA_PREFIX)
+        self.n_usage += chunk.count(USAGE_MARK)
+        self.last = chunk
+        self.last_at = now
+        if self.tracked is not None:
+            self.tracked.chunk(chunk, now)
+
+    def relay(self, chunk: bytes, now: float) -> bool:
+        """Write a chunk to the client and count it; False when the client is full."""
+        assert self.splice is not None
+        writable = self.splice.write_now(chunk)
+        self.add(chunk, now)
+        return writable
 
 
 class _Retryable(Exception):
@@ -1329,6 +1374,9 @@ class _NoStream:
 
     async def end(self) -> None:
         raise _PrefillStreamed
+
+    def splice(self) -> None:
+        return None
 
 
 _NO_STREAM = _NoStream()

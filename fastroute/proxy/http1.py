@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import cast
 from urllib.parse import quote
 
@@ -131,6 +131,9 @@ class Response:
         "_deadline",
         "_timer",
         "_timer_at",
+        "_relay",
+        "_idle_s",
+        "_last_at",
     )
 
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
@@ -154,6 +157,9 @@ class Response:
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._relay: Callable[[bytes, float], bool] | None = None
+        self._idle_s = 0.0
+        self._last_at = 0.0
 
     @property
     def headers(self) -> CIMultiDict[str]:
@@ -239,18 +245,81 @@ class Response:
             raise self._exc
         return b""
 
+    def relay(self, on_data: Callable[[bytes, float], bool]) -> None:
+        """Hand the body to ``on_data`` as it arrives, without buffering.
+
+        ``on_data(data, now)`` runs in the connection's ``data_received``, once per read
+        with that read's body chunks joined (``now`` is ``loop.time()``), so relaying
+        costs no wake-up of a waiting coroutine; it must not raise, and returns False
+        when its consumer cannot take more: the connection then stops reading until
+        :meth:`resume_reading`. Chunks buffered before the call are handed over first.
+        Wait for the end with :meth:`wait_end`.
+        """
+        self._relay = on_data
+        self._last_at = self._loop.time()
+        if self._chunks and not self._closed:
+            self._hand_on()
+
+    def resume_reading(self) -> None:
+        """Read from the engine again (after a :meth:`relay` consumer returned False)."""
+        if self._paused:
+            self._paused = False
+            self._last_at = self._loop.time()  # the idle timeout restarts from here
+            if self._conn is not None:
+                self._conn.resume()
+
+    async def wait_end(self, idle_s: float, deadline: float) -> None:
+        """Wait until a relayed body (:meth:`relay`) ended.
+
+        Parameters
+        ----------
+        idle_s : float
+            Most seconds without a chunk (the idle timeout); the timer follows the last
+            chunk without being re-armed per chunk.
+        deadline : float
+            ``loop.time()`` by which the body must have ended.
+
+        Raises
+        ------
+        ResponseTimeout
+            No chunk for ``idle_s`` (or ``deadline`` passed).
+        ConnectionDropped, ProtocolError
+            The connection broke or the body is malformed.
+        """
+        self._idle_s = idle_s
+        while self._exc is None and not self._eof:
+            due = self._last_at + idle_s
+            await self._wait(due if due < deadline else deadline, deadline)
+        if self._exc is not None:
+            raise self._exc
+
     # -- internals --------------------------------------------------------------------------
+
+    def _hand_on(self) -> None:
+        """Relaying: give the chunks of one read to the consumer, as one piece (one
+        client write however many chunks the engine's read held)."""
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        relay = self._relay
+        assert relay is not None
+        now = self._last_at = self._loop.time()
+        if not relay(data, now):
+            self._pause()
+
+    def _pause(self) -> None:
+        if not self._paused and self._conn is not None:
+            self._paused = True
+            self._conn.pause()
 
     def _take(self) -> bytes:
         chunks = self._chunks
         data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self._buffered = 0
-        if self._paused:
-            # Drained: let the transport read again (the engine's TCP window reopens).
-            self._paused = False
-            if self._conn is not None:
-                self._conn.resume()
+        # Drained: let the transport read again (the engine's TCP window reopens).
+        self.resume_reading()
         return data
 
     async def _wait_head(self, deadline: float) -> None:
@@ -259,12 +328,13 @@ class Response:
         if self._exc is not None:
             raise self._exc
 
-    async def _wait(self, deadline: float) -> None:
+    async def _wait(self, deadline: float, hard_deadline: float = 0.0) -> None:
         if self._closed:
             raise ConnectionDropped("response closed")
         waiter = self._loop.create_future()
         self._waiter = waiter
-        self._deadline = deadline
+        # Relaying (hard_deadline set): the deadline moves with every chunk, see _on_timer.
+        self._deadline = hard_deadline or deadline
         # Lazy timer: keep a pending timer that fires no later than this deadline; it
         # re-arms itself for the stored deadline when it fires early. A relay loop thus
         # schedules one timer per idle-timeout period, not one per chunk.
@@ -283,9 +353,17 @@ class Response:
         waiter = self._waiter
         if waiter is None or waiter.done():
             return  # nobody is waiting; the next wait arms a timer again
-        if self._deadline - self._loop.time() > _TIMER_SLACK_S:
-            self._timer = self._loop.call_at(self._deadline, self._on_timer)
-            self._timer_at = self._deadline
+        due = self._deadline
+        now = self._loop.time()
+        if self._relay is not None:
+            # Relaying: the idle deadline follows the last chunk; while the consumer
+            # holds the engine back (paused) its silence is not the engine's fault.
+            idle_due = (now if self._paused else self._last_at) + self._idle_s
+            if idle_due < due:
+                due = idle_due
+        if due - now > _TIMER_SLACK_S:
+            self._timer = self._loop.call_at(due, self._on_timer)
+            self._timer_at = due
             return
         waiter.set_exception(ResponseTimeout("timed out"))
 
@@ -310,10 +388,12 @@ class Response:
         if self._closed:
             return
         self._chunks.append(data)
+        if self._relay is not None:
+            return  # handed on once per read, by _Connection.data_received
+
         self._buffered += len(data)
-        if self._buffered > HIGH_WATER and not self._paused and self._conn is not None:
-            self._paused = True
-            self._conn.pause()
+        if self._buffered > HIGH_WATER:
+            self._pause()
         self._wake()
 
 
@@ -347,8 +427,12 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            if resp._relay is not None and resp._chunks and not resp._closed:
+                resp._hand_on()  # what was well-formed still reaches the client
             self._broken(ProtocolError(f"malformed response: {type(exc).__name__}"))
             return
+        if resp._relay is not None and resp._chunks and not resp._closed:
+            resp._hand_on()
         if not resp._head_done:
             # Still in the head: every byte so far was head (httptools buffers partial
             # header lines itself, so bound them here).

@@ -10,10 +10,11 @@ the front end provides, and the handler then returns a ``Reply`` with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Reply", "Sink", "Headers", "raw_head_pairs"]
+__all__ = ["Reply", "Sink", "Splice", "Headers", "raw_head_pairs"]
 
 #: Response headers as (name, value) pairs, in order.
 Headers = list[tuple[str, str]]
@@ -77,3 +78,22 @@ class Sink(Protocol):
 
     async def end(self) -> None:
         """Finish the body."""
+
+    def splice(self) -> Splice | None:
+        """The synchronous writer of a started body, or None when the front end has none.
+
+        With it, the upstream connection's callback writes each chunk straight to the
+        client (no coroutine wake-up per chunk); the body still ends with :meth:`end`.
+        """
+
+
+class Splice(Protocol):
+    """Synchronous writes of a started chunked body (:meth:`Sink.splice`)."""
+
+    def write_now(self, data: bytes) -> bool:
+        """Send one chunk now; False when the client's buffer is full (stop producing
+        until the ``on_writable`` callback). A chunk for a client already gone is
+        dropped (the request is being cancelled)."""
+
+    def on_writable(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` when the client's buffer drained (None: stop calling)."""

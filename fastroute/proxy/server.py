@@ -33,7 +33,7 @@ import collections
 import contextlib
 import logging
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -195,9 +195,23 @@ class _StreamSink:
 
     async def end(self) -> None:
         conn = self.conn
+        self.on_writable(None)
         if conn.lost:
             raise ConnectionResetError("client disconnected")
         conn.transport.write(b"0\r\n\r\n")
+
+    def splice(self) -> _StreamSink:
+        return self
+
+    def write_now(self, data: bytes) -> bool:
+        conn = self.conn
+        if conn.lost:
+            return True  # connection_lost cancelled the request; drop the chunk
+        conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return not conn.write_paused
+
+    def on_writable(self, callback: Callable[[], None] | None) -> None:
+        self.conn.writable_callback = callback
 
 
 class _Connection(asyncio.Protocol):
@@ -217,6 +231,8 @@ class _Connection(asyncio.Protocol):
         self.write_paused = False
         self.reading_paused = False
         self._writable: asyncio.Future[None] | None = None
+        #: Called when the transport drained (a spliced relay resumes its engine).
+        self.writable_callback: Callable[[], None] | None = None
         self.head_received = 0
         self._reset_message()
 
@@ -260,6 +276,8 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.writable_callback is not None:
+            self.writable_callback()
         waiter = self._writable
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

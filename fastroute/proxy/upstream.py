@@ -216,6 +216,21 @@ class UpstreamPool:
         except http1.HTTP1Error as exc:
             raise _classify(exc, engine, "mid-response") from None
 
+    async def wait_end(self, resp: http1.Response, engine: str, deadline: float) -> None:
+        """Wait for the end of a body relayed by :meth:`http1.Response.relay`.
+
+        Each chunk must follow the previous one within ``idle_timeout_s``.
+
+        Raises
+        ------
+        UpstreamError
+            As :meth:`read_chunk`.
+        """
+        try:
+            await resp.wait_end(self.timeouts.idle_timeout_s, deadline)
+        except http1.HTTP1Error as exc:
+            raise _classify(exc, engine, "mid-response") from None
+
     def complete_body(self, resp: http1.Response, engine: str) -> bytes | None:
         """The whole body if it already arrived (no wait), else None: then use
         :meth:`read_body`.

@@ -403,6 +403,113 @@ def test_lazy_timer_is_rearmed_not_fired_early() -> None:
     run(main())
 
 
+def test_relay_hands_on_each_read_and_ends() -> None:
+    """Relay mode: each paced event reaches the consumer from the connection's callback
+    (no read() call), with its arrival time; wait_end returns at the end and the
+    connection is pooled again."""
+    events = [b"data: %d\n\n" % i for i in range(5)]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(SSE_HEAD)
+        for ev in events:
+            writer.write(chunked(ev))
+            await writer.drain()
+            await asyncio.sleep(0.03)
+        writer.write(b"0\r\n\r\n")
+        await read_request(reader)
+
+    async def main() -> None:
+        async with serve(handle) as srv:
+            up = _upstream()
+            loop = asyncio.get_running_loop()
+            resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
+            got: list[tuple[bytes, float]] = []
+            resp.relay(lambda data, now: got.append((data, now)) is None)
+            await up.wait_end(resp, "engine-a", loop.time() + 5)
+            assert b"".join(d for d, _ in got) == b"".join(events)
+            assert len(got) >= 3  # paced 30 ms apart: not one buffered lump
+            times = [t for _, t in got]
+            assert times == sorted(times) and times[-1] <= loop.time()
+            resp.close()
+            assert up._pools and next(iter(up._pools.values())).idle == 1
+            await up.close()
+
+    run(main())
+
+
+def test_relay_idle_timeout_mid_body() -> None:
+    """Relay mode: an engine silent for idle_timeout_s fails wait_end with TIMEOUT."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(SSE_HEAD + chunked(b"data: 1\n\n"))
+        await asyncio.sleep(5)
+
+    async def main() -> None:
+        async with serve(handle) as srv:
+            up = _upstream(idle_timeout_s=0.2)
+            loop = asyncio.get_running_loop()
+            resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
+            got: list[bytes] = []
+            resp.relay(lambda data, now: got.append(data) is None)
+            t0 = loop.time()
+            with pytest.raises(UpstreamError) as err:
+                await up.wait_end(resp, "engine-a", loop.time() + 5)
+            assert 0.1 < loop.time() - t0 < 2.5  # the server would go on only after 5 s
+            assert err.value.outcome is Outcome.TIMEOUT
+            assert got == [b"data: 1\n\n"]
+            resp.close()
+            await up.close()
+
+    run(main())
+
+
+def test_relay_consumer_back_pressure_pauses_without_timing_out() -> None:
+    """A consumer that cannot take more stops the connection reading; held back for
+    longer than the idle timeout, the stream does not time out (the silence is ours),
+    and after resume_reading every byte arrives."""
+    total = 4 * 1024 * 1024
+    piece = b"data: " + b"z" * 8000 + b"\n\n"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(SSE_HEAD)
+        sent = 0
+        while sent < total:
+            writer.write(chunked(piece))
+            sent += len(piece)
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await read_request(reader)
+
+    async def main() -> None:
+        async with serve(handle) as srv:
+            up = _upstream(idle_timeout_s=0.2)
+            loop = asyncio.get_running_loop()
+            resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
+            got: list[bytes] = []
+            resp.relay(lambda data, now: got.append(data) is None and False)  # always full
+            end = asyncio.ensure_future(up.wait_end(resp, "engine-a", loop.time() + 10))
+            await asyncio.sleep(0.6)  # three idle timeouts, held back by the consumer
+            assert not end.done()
+            assert resp._conn is not None and resp._conn.paused
+            held = sum(map(len, got))
+            assert held < total // 2
+            for _ in range(10_000):  # bounded: one resume per read
+                if end.done():
+                    break
+                resp.resume_reading()
+                await asyncio.sleep(0.001)
+            await end
+            assert sum(map(len, got)) >= total and b"".join(got).endswith(b"\n\n")
+            resp.close()
+            await up.close()
+
+    run(main())
+
+
 def test_drop_mid_body_is_connect_error() -> None:
     """Drop mid body is connect error."""
 
