@@ -15,12 +15,19 @@ Algorithm (reference/algorithms.md §6.4; "Calibrate, Then Route", arXiv 2609.16
         Wq     = ρ_e · chunked prefill of the q queued tokens
         pf     = ρ_e · chunked prefill of (n − c_e) new over c_e cached tokens
         TTFT   = net_e + Wq + pf
-        TPOT   = δ_e · (b0 + b1·(B + q_r + 1) + b2·(S + q + n + N̂/2))
+        TPOT   = δ_e · (b0 + b1·(B + q_r + 1) + b2·(S + q + n + N̂/2) + m1·p_e)
         own    = TTFT + (N̂ − 1)·TPOT
-        ext    = B · ρ_e·compute(pf)                        running decodes slowed by our chunks
+        ext    = B · δ_e·m1·(n − c_e)                       running decodes slowed by our chunks
                + δ_e·(b1 + b2·(n + N̂/2)) · (min(B·N̂, R) + q_r·N̂)   co-running steps slowed
                + λ_e · pf² / (2(1 − min(0.9, λ_e·pf)))       later arrivals pushed back (FCFS)
         MC     = own + ext
+
+    ``m1`` (``a1'`` of algorithms.md §6.3's mixed step) is the calibrated decode-step time
+    per prefill token run beside it, and ``p_e`` the prefill tokens expected beside each
+    decode step on ``e`` (``prefill_tokens_per_step``: what the data plane measured on the
+    engine's recent requests; 0 on a decode-only engine). Both interference terms use
+    ``m1``, fitted from measured TBOTs, rather than the prefill chunk's own compute time:
+    what a decode loses to a chunk beside it is what the TBOT fit sees.
 
     ``min(B·N̂, R)`` bounds ``Σ_j min(N̂, R̂_j)`` (exact when every running request
     outlives, or every one ends before, the new one); without ``R`` it is
@@ -164,6 +171,7 @@ COLUMNS = (
     "arrival_rate_rps",
     "network_s",
     "engine_type",
+    "prefill_tokens_per_step",
 )
 _COL = {name: i for i, name in enumerate(COLUMNS)}
 
@@ -198,6 +206,11 @@ class EngineState:
         One-way network latency router → engine, seconds.
     ``engine_type``
         Index into :attr:`type_names`.
+    ``prefill_tokens_per_step``
+        Other requests' prefill tokens expected beside each decode step of a request
+        decoding there (co-located chunked prefill;
+        :attr:`fastroute.predict.interleave.PrefillInterleave.expected`); 0 on a
+        decode-only engine or if unknown.
 
     Parameters
     ----------
@@ -409,6 +422,10 @@ class MarginalPairs:
         return pair.prefill, pair.decode
 
 
+# Positions in _Eval, for the hot path (a subscript is cheaper than the named property).
+_ENGINE, _MC, _TTFT, _TPOT, _FEASIBLE, _CACHED = range(6)
+
+
 class _Eval(tuple):
     """Scalar predictions of one candidate: ``(engine, mc, ttft, tpot, feasible, cached,
     ext, first_step, wait)`` (``wait``: network + queue wait before its prefill starts). A
@@ -546,7 +563,7 @@ class MarginalCost(Policy):
             for e in cands
         ]
         head = evals[: self.candidates]
-        feasible = [ev for ev in head if ev.feasible]
+        feasible = [ev for ev in head if ev[_FEASIBLE]]
         reason = "marginal"
         if not feasible:
             if slo_ttft is not None or slo_tpot is not None:
@@ -570,18 +587,23 @@ class MarginalCost(Policy):
             chosen, tied = self._near_tie(view, feasible, chosen)
             if tied:
                 reason = "near-tie-p2c"
-        rest = sorted((ev for ev in evals if ev is not chosen), key=_rank_key)
-        ranked = [chosen, *rest][:k]
+        if len(evals) > 1:
+            evals.remove(chosen)
+            evals.sort(key=_rank_key)
+            evals.insert(0, chosen)
+            del evals[k:]
+        ranked = tuple([ev[_ENGINE] for ev in evals])
+        # Positional (field order of Decision, then MarginalDecision): the hot path.
         return MarginalDecision(
-            ranked=tuple([ev.engine for ev in ranked]),
-            engine_ids=tuple([ids[ev.engine] for ev in ranked]),
-            policy=self.name,
-            reason=reason,
-            scores=tuple([ev.mc for ev in ranked]),
-            ttft_s=chosen.ttft,
-            tpot_s=chosen.tpot,
-            output_tokens=n_out,
-            cached_tokens=chosen.cached,
+            ranked,
+            tuple([ids[e] for e in ranked]),
+            self.name,
+            reason,
+            tuple([ev[_MC] for ev in evals]),
+            chosen[_TTFT],
+            chosen[_TPOT],
+            n_out,
+            chosen[_CACHED],
         )
 
     def choose_pair(
@@ -805,7 +827,7 @@ class MarginalCost(Policy):
             return row, self._models_by_types[state.type_names][int(row[9])]
         b = float(loads[e]) if loads is not None else 0.0
         # No state: in-flight requests as the running batch, of this request's size.
-        row = [0.0, 0.0, b, b * (n + n_out / 2), math.nan, 0.0, 0.0, 0.0, 0.0, 0.0]
+        row = [0.0, 0.0, b, b * (n + n_out / 2), math.nan, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         return row, self.calibration.model(self.engine_type)
 
     def _evaluate(
@@ -827,14 +849,13 @@ class MarginalCost(Policy):
         """
         if state is not None:
             row = state.values[e].tolist()
-            q_tok, q_req, B, S, rem, kv_used, kv_cap, lam, net, typ = row
+            q_tok, q_req, B, S, rem, kv_used, kv_cap, lam, net, typ, mix = row
             m = self._models_by_types[state.type_names][int(typ)]
         else:
             row, m = self._load(e, state, loads, n, n_out)
-            q_tok, q_req, B, S, rem, kv_used, kv_cap, lam, net, _ = row
-        a0, b0, b1, b2, a1, a2, a3 = m.rls.coef
-        r = m.residual(engine_id, "prefill")
-        rd = m.residual(engine_id, "decode")
+            q_tok, q_req, B, S, rem, kv_used, kv_cap, lam, net, _, mix = row
+        a0, b0, b1, b2, a1, a2, a3, m1 = m.rls.coef
+        r, rd = m.residuals(engine_id)
         budget = m.budget
         c = 0
         if cached is not None:
@@ -857,7 +878,7 @@ class MarginalCost(Policy):
             pf = r * (steps * base + compute)
         ttft = net + r * wq + pf
         half = n + n_out * 0.5
-        tpot = rd * (b0 + b1 * (B + q_req + 1) + b2 * (S + q_tok + half))
+        tpot = rd * (b0 + b1 * (B + q_req + 1) + b2 * (S + q_tok + half) + m1 * mix)
         ext = 0.0
         if B > 0:
             overlap = (
@@ -865,7 +886,7 @@ class MarginalCost(Policy):
                 if rem == rem
                 else B * min(n_out, self._typical_remaining())
             )
-            ext = B * r * compute + rd * (b1 + b2 * half) * (overlap + q_req * n_out)
+            ext = rd * (B * m1 * u + (b1 + b2 * half) * (overlap + q_req * n_out))
         elif q_req > 0:
             ext = rd * (b1 + b2 * half) * q_req * n_out
         if lam > 0:
@@ -892,8 +913,8 @@ class MarginalCost(Policy):
     ) -> _Eval:
         """Decode-side predictions: first step after the KV lands, TPOT, externality."""
         row, m = self._load(d, state, loads, n, n_out)
-        q_tok, q_req, B, S, rem, kv_used, kv_cap, _lam, _net, _ = row
-        _a0, b0, b1, b2, _a1, _a2, _a3 = m.rls.coef
+        q_tok, q_req, B, S, rem, kv_used, kv_cap, _lam, _net, _, mix = row
+        _a0, b0, b1, b2, _a1, _a2, _a3, m1 = m.rls.coef
         r = m.residual(engine_id, "decode")
         c = 0
         if cached is not None:
@@ -904,7 +925,7 @@ class MarginalCost(Policy):
             c = min(max(c, 0), n - 1)
         first = r * (b0 + b1 * (B + 1) + b2 * (S + n))
         half = n + n_out * 0.5
-        tpot = r * (b0 + b1 * (B + q_req + 1) + b2 * (S + q_tok + half))
+        tpot = r * (b0 + b1 * (B + q_req + 1) + b2 * (S + q_tok + half) + m1 * mix)
         if B > 0:
             overlap = (
                 min(B * n_out, rem) if rem == rem else B * min(n_out, self._typical_remaining())
@@ -962,14 +983,14 @@ class MarginalCost(Policy):
         return evals, "slo-miss-least-cost"
 
     def _near_tie(self, view: FleetView, feasible: list[_Eval], best: _Eval) -> tuple[_Eval, bool]:
-        band = best.mc * (1.0 + self.near_tie)
-        ties = [ev for ev in feasible if ev.mc <= band]
+        band = best[_MC] * (1.0 + self.near_tie)
+        ties = [ev for ev in feasible if ev[_MC] <= band]
         if len(ties) < 2:
             return best, False
         a, b = _two(self.rng, ties)
         loads = view.in_flight()
-        la, lb = int(loads[a.engine]), int(loads[b.engine])
-        pick = a if (la, a.mc) <= (lb, b.mc) else b
+        la, lb = int(loads[a[_ENGINE]]), int(loads[b[_ENGINE]])
+        pick = a if (la, a[_MC]) <= (lb, b[_MC]) else b
         return pick, pick is not best
 
     def _reject(
@@ -1022,16 +1043,13 @@ def _two(rng: random.Random, items: list[Any]) -> tuple[Any, Any]:
     return items[i], items[j]
 
 
-def _mc(ev: _Eval) -> float:
-    return ev.mc
-
-
-def _wait(ev: _Eval) -> float:
-    return ev.wait
+#: Sort keys over _Eval (C-level: they run several times per decision).
+_mc = itemgetter(1)
+_wait = itemgetter(8)
 
 
 def _rank_key(ev: _Eval) -> tuple[bool, float]:
-    return (not ev.feasible, ev.mc)
+    return (not ev[_FEASIBLE], ev[_MC])
 
 
 def _fmt(slo: float | None) -> str:

@@ -236,11 +236,30 @@ class FleetCalibration:
         m.observe(f, time_s, kind="prefill", engine_id=engine_id)
 
     def observe_decode(
-        self, type_name: str | None, engine_id: int | None, batch: int, context: int, time_s: float
+        self,
+        type_name: str | None,
+        engine_id: int | None,
+        batch: int,
+        context: int,
+        time_s: float,
+        *,
+        prefill_tokens_per_step: float = 0.0,
     ) -> None:
-        """A measured decode step (e.g. a request's mean time between output tokens)."""
+        """A measured decode step (e.g. a request's mean time between output tokens).
+
+        ``prefill_tokens_per_step``: other requests' uncached prompt tokens dispatched to
+        the engine during the request's decode, per decode step (a co-located engine
+        runs their prefill chunks beside the decodes;
+        :class:`~fastroute.predict.interleave.PrefillInterleave`); fitted by the ``m1``
+        coefficient so b0..b2 do not absorb the interference.
+        """
+        if not prefill_tokens_per_step >= 0.0:
+            raise ValueError(f"prefill_tokens_per_step must be >= 0, got {prefill_tokens_per_step}")
         self.model(type_name).observe(
-            decode_features(batch, context), time_s, kind="decode", engine_id=engine_id
+            decode_features(batch, context, float(prefill_tokens_per_step)),
+            time_s,
+            kind="decode",
+            engine_id=engine_id,
         )
 
     def observe_step(

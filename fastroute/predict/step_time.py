@@ -1,7 +1,7 @@
 """Calibrated step-time model of one engine type (reference/algorithms.md §6.3).
 
 Functional form
-    One linear model over seven **summed step features** covers prefill, decode,
+    One linear model over eight **summed step features** covers prefill, decode,
     chunked-prefill-with-decodes steps and whole request phases, because every phase
     is a sum of steps and each step is linear in the coefficients::
 
@@ -22,17 +22,32 @@ Functional form
     4     ``new``          Σ n                          a1 (s/token)
     5     ``new_sq``       Σ n²                         a2 (s/token²)
     6     ``new_cached``   Σ n·c                        a3 (s/token²)
+    7     ``mix_new``      Σ interleaved prefill tokens m1 (s/token)
     ====  ===============  ===========================  ===========
 
     So a data plane that only sees request-level timings (TTFT = queueing + chunked
     prefill; TBOT = one decode step) feeds the same fit as a simulator that sees every
     step: :func:`prefill_features` and :func:`decode_features` build the feature sums.
 
+Mixed (co-located chunked prefill) steps at request level
+    A request's mean time between output tokens on a co-located engine is a mean over
+    *mixed* steps: ``T = b0 + b1·B + b2·S + a1'·p`` where ``p`` is the mean number of
+    other requests' prefill tokens run beside each of its decode steps
+    (algorithms.md §6.3, "Mixed step"). A data plane cannot see the chunks, but it can
+    count the uncached prompt tokens it dispatched to the engine during the request's
+    decode lifetime (:class:`~fastroute.predict.interleave.PrefillInterleave`). Feature 7
+    carries that count and ``m1`` (``a1'``) is its coefficient, fitted with the decode
+    block: without it, b0/b1/b2 absorb the interference (an unbiased fit to a biased
+    form: b0 too high, b1 → 0). ``m1`` is separate from ``a1`` because it is an average
+    over chunks (``a1 + a2·n + a3·c`` per token for the chunk sizes that occur), not
+    the GEMM term alone; it starts at the nominal ``a1``. Exact steps
+    (:func:`step_features`) keep using a1..a3.
+
 Calibration
     Per engine **type**: :class:`~fastroute.predict.rls.RobustRLS` (λ = 0.995, Huber),
     starting from the type's nominal constants. A ``"prefill"`` observation updates only
     the prefill coefficients (a0..a3; its decode part is a known offset), a
-    ``"decode"`` one only b0..b2, so an approximate TTFT cannot corrupt the TPOT model.
+    ``"decode"`` one only b0..b2 and m1, so an approximate TTFT cannot corrupt the TPOT model.
     Per **engine**: a multiplicative residual ``r_e`` (an EWMA of ``log(y / ŷ_type)``,
     clipped), so one slow GPU does not drag its type's coefficients; the type fit sees
     ``y / r_e``. The log residuals are
@@ -74,15 +89,15 @@ __all__ = [
 ]
 
 #: Coefficient names, in feature order (see the module docstring).
-COEF_NAMES = ("a0_s", "b0_s", "b1_s", "b2_s", "a1_s", "a2_s", "a3_s")
+COEF_NAMES = ("a0_s", "b0_s", "b1_s", "b2_s", "a1_s", "a2_s", "a3_s", "m1_s")
 #: Observation kinds with their own conformal window.
 KINDS = ("prefill", "decode")
-# Conditioning only: typical magnitudes of the features are 1, 1, 1e2, 1e5, 1e3, 1e6, 1e6.
-_SCALE = (1.0, 1.0, 1e-2, 1e-5, 1e-3, 1e-6, 1e-6)
+# Conditioning only: typical magnitudes of the features are 1, 1, 1e2, 1e5, 1e3, 1e6, 1e6, 1e2.
+_SCALE = (1.0, 1.0, 1e-2, 1e-5, 1e-3, 1e-6, 1e-6, 1e-2)
 _RESIDUAL_CLIP = 0.7  # |log ratio| per sample: a ×2 spike moves r_e by at most α·0.7
 _RESIDUAL_ALPHA = 0.02
 _PREFILL_IDX = (0, 4, 5, 6)  # a0, a1, a2, a3
-_DECODE_IDX = (1, 2, 3)  # b0, b1, b2
+_DECODE_IDX = (1, 2, 3, 7)  # b0, b1, b2, m1
 
 
 class NominalStepTimes(msgspec.Struct, frozen=True):
@@ -98,6 +113,9 @@ class NominalStepTimes(msgspec.Struct, frozen=True):
         Token budget per step (chunk size of a long prefill).
     kv_capacity_tokens : int
         KV-cache capacity in tokens (0 = unknown).
+    m1_s : float or None
+        Decode-step time per interleaved prefill token (``a1'`` of a mixed step, see
+        the module docstring); ``None``: ``a1_s``.
     """
 
     a0_s: float
@@ -109,6 +127,7 @@ class NominalStepTimes(msgspec.Struct, frozen=True):
     b2_s: float
     max_num_batched_tokens: int = 2048
     kv_capacity_tokens: int = 0
+    m1_s: float | None = None
 
     @classmethod
     def from_profile(cls, profile: Any, *, max_num_batched_tokens: int | None = None) -> Any:
@@ -127,13 +146,14 @@ class NominalStepTimes(msgspec.Struct, frozen=True):
         )
 
     def coef(self) -> list[float]:
-        """Coefficients in feature order."""
-        return [getattr(self, name) for name in COEF_NAMES]
+        """Coefficients in feature order (``m1_s`` defaults to ``a1_s``)."""
+        m1 = self.a1_s if self.m1_s is None else self.m1_s
+        return [getattr(self, name) for name in COEF_NAMES[:-1]] + [m1]
 
     def scaled(self, factor: float) -> NominalStepTimes:
         """Every time coefficient multiplied by ``factor`` (a mis-specified nominal)."""
         return msgspec.structs.replace(
-            self, **{name: getattr(self, name) * factor for name in COEF_NAMES}
+            self, **{name: c * factor for name, c in zip(COEF_NAMES, self.coef(), strict=True)}
         )
 
 
@@ -144,7 +164,7 @@ class StepModelState(msgspec.Struct):
     Attributes
     ----------
     coef : dict of str to float
-        Current coefficients by name (``a0_s`` ... ``b2_s``), seconds.
+        Current coefficients by name (``a0_s`` ... ``m1_s``), seconds.
     n_samples : int
         Observations folded in.
     effective_samples : float
@@ -208,8 +228,8 @@ def prefill_features(
     while ``batch`` sequences of total context ``context`` decode in the same steps."""
     steps, sq, nc = chunk_sums(n, c, budget)
     if batch > 0:
-        return [0.0, steps, steps * batch, steps * context, n, sq, nc]
-    return [steps, 0.0, 0.0, 0.0, n, sq, nc]
+        return [0.0, steps, steps * batch, steps * context, n, sq, nc, 0.0]
+    return [steps, 0.0, 0.0, 0.0, n, sq, nc, 0.0]
 
 
 def queue_features(
@@ -220,9 +240,11 @@ def queue_features(
     return prefill_features(tokens, 0, batch=batch, context=context, budget=budget)
 
 
-def decode_features(batch: int, context: int) -> list[float]:
-    """Features of one decode step of ``batch`` sequences holding ``context`` tokens."""
-    return [0.0, 1.0, batch, context, 0.0, 0.0, 0.0]
+def decode_features(batch: int, context: int, prefill_tokens: float = 0.0) -> list[float]:
+    """Features of one decode step of ``batch`` sequences holding ``context`` tokens,
+    beside ``prefill_tokens`` (mean) prefill tokens of other requests (co-located
+    chunked prefill; 0 on a decode-only engine)."""
+    return [0.0, 1.0, batch, context, 0.0, 0.0, 0.0, prefill_tokens]
 
 
 def step_features(
@@ -230,8 +252,8 @@ def step_features(
 ) -> list[float]:
     """Features of one scheduler step (what a simulator or the emulator knows exactly)."""
     if batch > 0:
-        return [0.0, 1.0, batch, context, new, new_sq, new_cached]
-    return [1.0, 0.0, 0.0, 0.0, new, new_sq, new_cached]
+        return [0.0, 1.0, batch, context, new, new_sq, new_cached, 0.0]
+    return [1.0, 0.0, 0.0, 0.0, new, new_sq, new_cached, 0.0]
 
 
 # -- the model -----------------------------------------------------------------------------
@@ -305,21 +327,33 @@ class StepTimeModel:
             return 1.0
         return math.exp(res.log_ratio - self._log_sum[kind] / len(table))
 
+    def residuals(self, engine_id: int) -> tuple[float, float]:
+        """The engine's ``(prefill, decode)`` residuals (one call on the policy's hot path)."""
+        tables, sums = self._residuals, self._log_sum
+        pf, dec = tables["prefill"], tables["decode"]
+        r_pf = pf.get(engine_id)
+        r_dec = dec.get(engine_id)
+        return (
+            1.0 if r_pf is None else math.exp(r_pf.log_ratio - sums["prefill"] / len(pf)),
+            1.0 if r_dec is None else math.exp(r_dec.log_ratio - sums["decode"] / len(dec)),
+        )
+
     def predict(self, features: Sequence[float], engine_id: int | None = None) -> float:
         """Predicted time (s) of the phase whose summed features are ``features``."""
         kind = "prefill" if features[4] else "decode"
         return self.rls.predict_list(features) * self.residual(engine_id, kind)
 
-    def decode_step_s(self, batch: float, context: float) -> float:
-        """Type-level time of one decode step (no residual)."""
-        _a0, b0, b1, b2, _a1, _a2, _a3 = self.rls.coef
-        return b0 + b1 * batch + b2 * context
+    def decode_step_s(self, batch: float, context: float, prefill_tokens: float = 0.0) -> float:
+        """Type-level time of one decode step beside ``prefill_tokens`` interleaved prefill
+        tokens (no residual)."""
+        _a0, b0, b1, b2, _a1, _a2, _a3, m1 = self.rls.coef
+        return b0 + b1 * batch + b2 * context + m1 * prefill_tokens
 
     def prefill_s(self, n: int, c: int = 0, batch: float = 0, context: float = 0) -> float:
         """Type-level time of a chunked prefill (see :func:`prefill_features`), no residual."""
         if n <= 0:
             return 0.0
-        a0, b0, b1, b2, a1, a2, a3 = self.rls.coef
+        a0, b0, b1, b2, a1, a2, a3, _m1 = self.rls.coef
         steps, sq, nc = chunk_sums(n, c, self.budget)
         base = (b0 + b1 * batch + b2 * context) if batch > 0 else a0
         return steps * base + a1 * n + a2 * sq + a3 * nc
@@ -328,7 +362,7 @@ class StepTimeModel:
         """The chunk work of a prefill alone (what co-running decodes are delayed by)."""
         if n <= 0:
             return 0.0
-        _a0, _b0, _b1, _b2, a1, a2, a3 = self.rls.coef
+        _a0, _b0, _b1, _b2, a1, a2, a3, _m1 = self.rls.coef
         _steps, sq, nc = chunk_sums(n, c, self.budget)
         return a1 * n + a2 * sq + a3 * nc
 
@@ -351,7 +385,7 @@ class StepTimeModel:
         Parameters
         ----------
         features : sequence of float
-            Summed step features of the phase (7 values).
+            Summed step features of the phase (8 values).
         time_s : float
             Its measured duration, seconds (> 0).
         kind : {"prefill", "decode"}
@@ -443,15 +477,17 @@ class StepTimeModel:
         residuals : bool
             Also adopt the per-engine residuals (only meaningful for the same fleet).
         """
-        missing = set(COEF_NAMES) - set(state.coef)
+        # A state from before m1 existed lacks it (and has a 7x7 information matrix):
+        # start m1 from the nominal and the information from the sample count.
+        coef = dict(state.coef)
+        information = state.information or None
+        if "m1_s" not in coef:
+            coef["m1_s"] = self.nominal.coef()[-1]
+            information = None
+        missing = set(COEF_NAMES) - set(coef)
         if missing:
             raise ValueError(f"state lacks coefficients {sorted(missing)}")
-        self.rls.load(
-            [state.coef[n] for n in COEF_NAMES],
-            state.n_samples,
-            state.sigma_rel,
-            state.information or None,
-        )
+        self.rls.load([coef[n] for n in COEF_NAMES], state.n_samples, state.sigma_rel, information)
         for kind, count in state.samples_by_kind.items():
             if kind in self.samples_by_kind:
                 self.samples_by_kind[kind] = int(count)

@@ -22,7 +22,8 @@ The remaining columns: ``kv_capacity_tokens`` is the engine type's nominal capac
 (the emulator profile of its ``hardware`` name; 0 = unknown, no KV check);
 ``running_remaining_tokens`` is NaN (the policy then assumes ``B·min(N̂, E[N])``);
 ``arrival_rate_rps`` and ``network_s`` are 0 (no FCFS externality; loopback-scale
-network).
+network); ``prefill_tokens_per_step`` is the engine's
+:attr:`~fastroute.predict.interleave.PrefillInterleave.expected` (below).
 
 Each tracked attempt is an :class:`AttemptLoad`. When it ends successfully its
 timings calibrate the policy's :class:`~fastroute.predict.FleetCalibration`
@@ -31,7 +32,11 @@ timings calibrate the policy's :class:`~fastroute.predict.FleetCalibration`
 * a stream: ``observe_prefill`` with the in-band TTFT (forward → first chunk) over the
   prompt's uncached tokens (``usage.prompt_tokens_details.cached_tokens`` when the
   engine sent usage, else 0) and the load it met on arrival; ``observe_decode`` with
-  the mean time between chunks (TBOT) at the batch and context it ran beside;
+  the mean time between chunks (TBOT) at the batch and context it ran beside and the
+  prompt tokens per decode step prefilled on the engine meanwhile (the mixed-step
+  feature: :class:`~fastroute.predict.interleave.PrefillInterleave`: every
+  non-decode-stage attempt's prompt is counted at its first chunk, or at the end of a
+  JSON answer; an attempt marks the count at its first chunk and reads it at its end);
 * a JSON answer of one output token (the prefill step of a P/D request):
   ``observe_prefill`` with the whole attempt's duration;
 * and in both cases the output length (``usage.completion_tokens``, else the streamed
@@ -50,6 +55,7 @@ import numpy as np
 from fastroute.policy.base import RouteRequest
 from fastroute.policy.marginal import EngineState, MarginalCost
 from fastroute.predict.calibration import DEFAULT_TYPE
+from fastroute.predict.interleave import PrefillInterleave
 
 if TYPE_CHECKING:
     from fastroute.proxy.fleet import Fleet
@@ -79,7 +85,7 @@ FLUSH_TOKENS = 16
 DEFAULT_CONTEXT_TOKENS = 1024.0
 
 # Columns of EngineState.values (fastroute.policy.marginal.COLUMNS).
-_Q_TOK, _Q_REQ, _B, _S, _REM, _KV_USED, _KV_CAP, _RATE, _NET, _TYPE = range(10)
+_Q_TOK, _Q_REQ, _B, _S, _REM, _KV_USED, _KV_CAP, _RATE, _NET, _TYPE, _MIX = range(11)
 
 
 class _Details(msgspec.Struct):
@@ -121,6 +127,7 @@ class AttemptLoad:
         "queued0",
         "first_s",
         "last_s",
+        "mix_mark",
         "events",
         "flushed",
         "usage",
@@ -148,6 +155,7 @@ class AttemptLoad:
         self.queued0 = float(row[_Q_TOK])
         self.first_s = math.nan
         self.last_s = math.nan
+        self.mix_mark = 0.0  # the engine's prefilled prompt tokens at the first chunk
         self.events = 0
         self.flushed = 0  # events already added to the engine's context
         self.usage: _Usage | None = None
@@ -161,6 +169,10 @@ class AttemptLoad:
         if self.first_s == self.first_s:  # already running
             return
         self.first_s = self.last_s = now_s
+        mix = self.load.interleave
+        if not self.decode_stage:
+            mix.prefilled(self.index, self.prompt_tokens)  # its prefill is done
+        self.mix_mark = mix.mark(self.index)
         v = self.load.state.values
         n = self.prompt_tokens
         v[self.index, _Q_TOK] -= n
@@ -235,6 +247,8 @@ class EngineLoad:
         # What the last merged scrape added beyond this worker's own (B, q_r, S, kv).
         self._offset = np.zeros((len(self.names), 4))
         self._round = -1
+        #: Prompt tokens prefilled per engine, for the mixed-step decode feature.
+        self.interleave = PrefillInterleave(len(self.names))
         #: Observations folded into the calibration (for tests and the record).
         self.observed = 0
 
@@ -313,6 +327,8 @@ class EngineLoad:
             v[i, _Q_TOK] -= n
             v[i, _Q_REQ] -= 1
             v[i, _KV_USED] -= n
+            if ok and not attempt.decode_stage:  # a JSON answer: prefilled by now
+                self.interleave.prefilled(i, n)
         if ok:
             self._calibrate(attempt, now_s)
 
@@ -327,6 +343,8 @@ class EngineLoad:
             details = usage.prompt_tokens_details
             if details is not None and details.cached_tokens:
                 c = min(max(0, details.cached_tokens), n - 1)
+            if not a.decode_stage:
+                self.interleave.observe_cached(a.index, n, c)
         cal = self.calibration
         t, eid = self.types[a.index], self.engine_ids[a.index]
         batch, context = int(a.batch0), int(a.context0)
@@ -339,8 +357,14 @@ class EngineLoad:
                 )  # fmt: skip
                 self.observed += 1
             if a.events > 1 and a.last_s > a.first_s:
-                tbot = (a.last_s - a.first_s) / (a.events - 1)
-                cal.observe_decode(t, eid, batch + 1, int(context + n + out / 2), tbot)
+                steps = a.events - 1
+                tbot = (a.last_s - a.first_s) / steps
+                mix = self.interleave.per_step(a.index, a.mix_mark, steps)
+                self.state.values[a.index, _MIX] = self.interleave.expected[a.index]
+                cal.observe_decode(
+                    t, eid, batch + 1, int(context + n + out / 2), tbot,
+                    prefill_tokens_per_step=mix,
+                )  # fmt: skip
                 self.observed += 1
         elif out == 1 and now_s > a.started_s:  # one token, whole: a prefill step
             cal.observe_prefill(

@@ -43,7 +43,7 @@ from fastroute.emulator.model import (
 from fastroute.hashing import engine_id as make_engine_id
 from fastroute.hashing import key_hash
 from fastroute.policy import RouteRequest
-from fastroute.policy.marginal import REASON_SLO_INFEASIBLE, MarginalRequest
+from fastroute.policy.marginal import COLUMNS, REASON_SLO_INFEASIBLE, MarginalRequest
 from fastroute.proxy.admission import Verdict, should_shed
 from fastroute.proxy.outlier import Outcome
 from fastroute.sim.capacity import estimate_capacity_rps, idle_latencies, request_shapes
@@ -59,6 +59,7 @@ __all__ = ["Simulator", "SimResult", "ControlSample", "prepare_sessions"]
 
 # Event kinds, in tie-break order.
 K_CONTROL, K_PULL, K_FAULT, K_TURN, K_ARRIVE, K_TRANSFER, K_RESPONSE, K_STEP = range(8)
+_MIX = COLUMNS.index("prefill_tokens_per_step")  # EngineState column
 #: Bytes of prompt text handed to prefix-aware policies (the proxy's PREFIX_BYTES).
 PREFIX_BYTES = 4096
 _FAILURE_REASON = {
@@ -168,6 +169,7 @@ class _Attempt:
         "fail_first",
         "mreq",
         "first_token_s",
+        "mix_mark",
         "phase",
         "failed",
         "generation",
@@ -721,6 +723,11 @@ class Simulator:
                 self._push(end + back, K_RESPONSE, att, Outcome.HTTP_5XX)
             elif att.phase == "mixed" or att.phase == "decode":
                 att.first_token_s = end
+                mix = att.req.sess.dp.interleave
+                if mix is not None:  # as the proxy's AttemptLoad.first_token
+                    if att.phase == "mixed":
+                        mix.prefilled(e.index, att.req.prompt.num_tokens)
+                    att.mix_mark = mix.mark(e.index)
         for mreq in res.finished:
             att = mreq.data
             if att.failed:
@@ -829,6 +836,8 @@ class Simulator:
             n = req.prompt.num_tokens
             c = min(max(0, att.prefill_cached), n - 1)
             b0, s0, q0 = att.load0
+            dp.interleave.prefilled(e.index, n)  # as the proxy's release of a JSON answer
+            dp.interleave.observe_cached(e.index, n, c)
             if took > 0:
                 dp.calibration.observe_prefill(
                     e.type_name, e.engine_id, n - c, c, took,
@@ -863,6 +872,7 @@ class Simulator:
                 b0, s0, q0 = load
                 mreq = att.mreq
                 c = min(max(0, mreq.num_cached_tokens if mreq is not None else 0), n - 1)
+                dp.interleave.observe_cached(e.index, n, c)
                 ttft = float(first_dp_s - att.sent_s)
                 if ttft > 0:
                     cal.observe_prefill(
@@ -875,7 +885,12 @@ class Simulator:
         if load is not None and out > 1 and t > first_dp_s:
             b0, s0, _ = load
             tbot = float(t - first_dp_s) / (out - 1)
-            cal.observe_decode(e.type_name, e.engine_id, b0 + 1, int(s0 + n + out / 2), tbot)
+            mix = dp.interleave.per_step(e.index, att.mix_mark, out - 1)
+            dp.state.values[e.index, _MIX] = dp.interleave.expected[e.index]
+            cal.observe_decode(
+                e.type_name, e.engine_id, b0 + 1, int(s0 + n + out / 2), tbot,
+                prefill_tokens_per_step=mix,
+            )  # fmt: skip
         dp.policy.observe_output(req.route, out, t)
 
     # -- data planes ---------------------------------------------------------------------------
@@ -1071,6 +1086,7 @@ class Simulator:
         att.fail_first = False
         att.mreq = None
         att.first_token_s = None
+        att.mix_mark = 0.0
         att.phase = ""
         att.failed = False
         att.generation = -1

@@ -21,6 +21,7 @@ from fastroute.emulator.model import EngineConfig, EngineModel
 from fastroute.emulator.profiles import HardwareProfile
 from fastroute.policy import Policy, make_policy
 from fastroute.policy.marginal import EngineState, StaticEngineStateView
+from fastroute.predict.interleave import PrefillInterleave
 from fastroute.proxy.admission import QueueDelayGuard
 from fastroute.proxy.outlier import OutlierDetector
 from fastroute.proxy.retry_budget import RetryBudget
@@ -246,6 +247,9 @@ class DataPlane:
         )
         self.engine_ids = engine_ids
         n = len(engine_ids)
+        #: Prefilled prompt tokens per engine (the mixed-step decode feature), kept as
+        #: the proxy's EngineLoad keeps it; only when the policy calibrates.
+        self.interleave = PrefillInterleave(n) if self.calibration is not None else None
         self.type_names = type_names
         self.state = EngineState(n, type_names)
         if engine_types is not None:

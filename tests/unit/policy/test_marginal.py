@@ -285,3 +285,31 @@ def test_pools_of_different_types_use_their_own_models():
 def test_invalid_tunables_are_rejected(params):
     with pytest.raises(PolicyConfigError, match="marginal-cost"):
         make_policy("marginal-cost", **params)
+
+
+def test_prefill_interleaved_with_decodes_costs_tpot_and_is_an_externality(rand):
+    """Co-located engines: the prefill tokens expected beside each decode step raise the
+    predicted TPOT by m1 per token (a TPOT SLO then steers away from the engine that
+    prefills the most), and a long prompt routed beside running decodes costs them
+    m1 per uncached token each."""
+    policy = MarginalCost(slo_tpot_s=0.05, seed=1)
+    m1 = policy.calibration.model("a40").rls.coef[7]
+    view = fleet(3, batch=8)
+    key = rand.getrandbits(64)
+    top3 = view.selector.rank(key, 0, 3)
+    mix = view.state.column("prefill_tokens_per_step")
+    mix[:] = 400.0
+    quiet = top3[2]
+    mix[quiet] = 0.0
+    req = RouteRequest(key_hash=key, row=0, prompt_tokens=200, expected_output_tokens=100)
+    d = policy.choose(req, view)
+    assert d.chosen == quiet
+    noisy_tpot = policy._evaluate(top3[0], d.engine_ids[1], 200, 100.0, None, view.state,
+                                  None, None, None).tpot  # fmt: skip
+    assert noisy_tpot - d.tpot_s == pytest.approx(400.0 * m1, rel=1e-6)
+    # The externality of a long prompt on the 8 running decodes: 8 · m1 · n.
+    short = policy._evaluate(quiet, 1, 200, 100.0, None, view.state, None, None, None)
+    long = policy._evaluate(quiet, 1, 1200, 100.0, None, view.state, None, None, None)
+    b2 = policy.calibration.model("a40").rls.coef[3]
+    overlap = 8 * min(100.0, policy.output_lengths.mean())  # B · min(N̂, E[N])
+    assert long.ext - short.ext == pytest.approx(8 * m1 * 1000 + b2 * 1000 * overlap, rel=1e-6)

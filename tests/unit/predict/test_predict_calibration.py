@@ -10,6 +10,7 @@ import pytest
 from fastroute.emulator.model import EngineConfig
 from fastroute.emulator.profiles import get_profile
 from fastroute.predict import (
+    COEF_NAMES,
     CalibrationSnapshot,
     FleetCalibration,
     NominalStepTimes,
@@ -73,7 +74,7 @@ def test_to_dict_exposes_coefficients_counts_and_errors(rand):
     feed(cal, rand, 100, {})
     d = cal.to_dict()
     a40 = d["types"]["a40"]
-    assert set(a40["coef"]) == {"a0_s", "a1_s", "a2_s", "a3_s", "b0_s", "b1_s", "b2_s"}
+    assert set(a40["coef"]) == set(COEF_NAMES)
     assert a40["n_samples"] == 100 and a40["calibrate"] is True
     kinds = a40["samples_by_kind"]
     assert set(kinds) == {"prefill", "decode"} and sum(kinds.values()) == 100
@@ -133,3 +134,59 @@ def test_numpy_observations_export_as_plain_data():
         cal.observe_decode("a40", np.int64(7), 8, 4096, np.float32(0.02))
     exported = cal.to_dict()
     assert msgspec.json.encode(exported)  # raises TypeError on a numpy scalar in the state
+
+
+def _mixed_tbot(rand, m1_s: float) -> tuple[int, int, float, float]:
+    """A request's mean TBOT on a co-located A40: decode steps beside ``p`` prefill
+    tokens per step of other requests (the emulator's mixed step, averaged)."""
+    batch = rand.randint(1, 64)
+    ctx = batch * rand.randint(200, 2000)
+    p = 0.0 if rand.random() < 0.3 else rand.uniform(10.0, 1500.0)
+    tbot = (A40.decode_time_s(batch, ctx) + m1_s * p) * math.exp(rand.gauss(0.0, 0.03))
+    return batch, ctx, p, tbot
+
+
+def test_mixed_step_fit_recovers_decode_and_chunk_coefficients(rand):
+    """Request-level TBOTs that include other requests' prefill chunks: with the
+    prefill-tokens-per-step feature the fit recovers b0, b1, b2 and the chunk coefficient;
+    without it (the old fit) b0..b2 absorb the interference and are biased."""
+    m1_true = 1.4 * A40.a1_s  # a1 plus the attention of the chunks that occur
+    with_mix, without = FleetCalibration(), FleetCalibration()
+    for _ in range(3000):
+        batch, ctx, p, tbot = _mixed_tbot(rand, m1_true)
+        with_mix.observe_decode("a40", 1, batch, ctx, tbot, prefill_tokens_per_step=p)
+        without.observe_decode("a40", 1, batch, ctx, tbot)
+    fit = dict(zip(COEF_NAMES, with_mix.model("a40").rls.coef, strict=True))
+    assert fit["b0_s"] == pytest.approx(A40.b0_s, rel=0.05)
+    assert fit["b1_s"] == pytest.approx(A40.b1_s, rel=0.10)
+    assert fit["b2_s"] == pytest.approx(A40.b2_s, rel=0.05)
+    assert fit["m1_s"] == pytest.approx(m1_true, rel=0.05)
+    old = dict(zip(COEF_NAMES, without.model("a40").rls.coef, strict=True))
+    assert old["m1_s"] == pytest.approx(A40.a1_s, rel=1e-9)  # never excited: stays nominal
+    assert old["b0_s"] > 1.3 * A40.b0_s  # the interference went into the intercept
+    # A decode step with no prefill beside it: the new fit is right, the old one is not.
+    truth = A40.decode_time_s(8, 8 * 500)
+    assert with_mix.model("a40").decode_step_s(8, 4000) == pytest.approx(truth, rel=0.05)
+    assert without.model("a40").decode_step_s(8, 4000) > 1.2 * truth
+
+
+def test_prefill_tokens_per_step_must_be_non_negative():
+    with pytest.raises(ValueError, match="prefill_tokens_per_step"):
+        FleetCalibration().observe_decode("a40", 1, 4, 400, 0.02, prefill_tokens_per_step=-1.0)
+
+
+def test_a_state_without_the_chunk_coefficient_still_loads(rand):
+    """A snapshot published before m1 existed: its coefficients load, m1 starts nominal."""
+    learned = FleetCalibration()
+    feed(learned, rand, 500, {})
+    state = learned.snapshot().types["a40"]
+    old = msgspec.structs.replace(
+        state,
+        coef={k: v for k, v in state.coef.items() if k != "m1_s"},
+        information=[row[:7] for row in state.information[:7]],
+    )
+    fresh = FleetCalibration()
+    fresh.load(CalibrationSnapshot(types={"a40": old}, transfer=learned.snapshot().transfer))
+    coef = dict(zip(COEF_NAMES, fresh.model("a40").rls.coef, strict=True))
+    assert coef["b0_s"] == pytest.approx(state.coef["b0_s"], rel=1e-9)
+    assert coef["m1_s"] == pytest.approx(A40.a1_s)

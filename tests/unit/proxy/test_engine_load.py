@@ -185,3 +185,34 @@ def test_fresh_scrapes_add_what_other_workers_run() -> None:
     scraper.rounds_total = 2
     load.engine_state()
     assert not v[:, :4].any() and v[0, COL["kv_used_tokens"]] == 0
+
+
+def test_prompts_prefilled_during_a_decode_are_its_mixed_step_feature() -> None:
+    """The TBOT of a stream is observed with the prompt tokens whose prefill finished on
+    its engine (their first chunk) between its first and last chunk, per decode step; the
+    engine's expectation of it goes to the state's prefill_tokens_per_step column."""
+    _, policy, load = _load()
+    seen = []
+    cal = policy.calibration
+    observe = cal.observe_decode
+    cal.observe_decode = lambda *a, **kw: seen.append(kw) or observe(*a, **kw)  # type: ignore[method-assign]
+    queued = load.admit(0, ROUTE, 9.99)  # sent before a's first token, prefilled during it
+    a = load.admit(0, ROUTE, 10.0)
+    a.first_token(10.03)
+    a.chunk(_stream_chunk("a", role=True), 10.03)
+    queued.first_token(10.035)  # 100 prompt tokens prefilled beside a's decode
+    other = load.admit(0, ROUTE, 10.035)  # sent during it, prefilled after: not counted
+    elsewhere = load.admit(1, ROUTE, 10.035)
+    elsewhere.first_token(10.036)  # another engine: not beside it
+    pd = load.admit(0, ROUTE, 10.036, decode_stage=True)
+    pd.first_token(10.037)  # P/D decode stage: its prompt was prefilled elsewhere
+    a.chunk(_stream_chunk("b"), 10.04)
+    a.chunk(_stream_chunk("c"), 10.05)
+    a.chunk(USAGE, 10.05)  # 32 of 120 prompt tokens were cached
+    load.release(a, True, 10.06)
+    assert seen == [{"prefill_tokens_per_step": pytest.approx(100 / 2)}]  # 2 decode steps
+    assert load.state.values[0, COL["prefill_tokens_per_step"]] > 0
+    assert load.state.values[1, COL["prefill_tokens_per_step"]] == 0
+    assert load.interleave.uncached_share[0] < 1.0  # later prompts count 88/120 of theirs
+    for attempt in (queued, other, elsewhere, pd):
+        load.release(attempt, False, 10.07)
