@@ -281,9 +281,13 @@ async def run_phase(
     stream: bool,
     tokens: int,
     timeout_s: float,
+    system_chars: int = 0,
 ) -> PhaseResult:
     """``n`` requests by ``concurrency`` closed-loop workers; stop early at ``timeout_s``."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say ok."}],
+    messages = [{"role": "user", "content": "Say ok."}]
+    if system_chars:
+        messages.insert(0, {"role": "system", "content": "s" * system_chars})
+    body = {"model": MODEL, "messages": messages,
             "max_tokens": tokens if stream else 1, "stream": stream}  # fmt: skip
     data = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
@@ -363,7 +367,7 @@ async def measure(
         profile.mkdir(parents=True, exist_ok=True)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         common = {"concurrency": args.concurrency, "tokens": args.tokens,
-                  "timeout_s": args.phase_timeout}  # fmt: skip
+                  "timeout_s": args.phase_timeout, "system_chars": args.system_chars}  # fmt: skip
         await run_phase(session, url, n=args.warmup, stream=False, **common)
         await run_phase(session, url, n=args.warmup // 10 + 1, stream=True, **common)
         out: dict[str, object] = {"target": target}
@@ -391,7 +395,7 @@ async def measure(
                 out["tokens_per_stream"] = round(res.tokens / max(1, res.requests), 1)
         lat = await run_phase(
             session, url, n=args.latency_requests, stream=False, concurrency=1,
-            tokens=args.tokens, timeout_s=args.phase_timeout,
+            tokens=args.tokens, timeout_s=args.phase_timeout, system_chars=args.system_chars,
         )  # fmt: skip
         out["latency_count"] = lat.requests
         out["latency_errors"] = lat.errors
@@ -556,6 +560,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="ms between the stub's writes of a stream (default 0: at once; >0 paces them "
         "like decode steps, one router wake-up per write)",
+    )
+    parser.add_argument(
+        "--system-chars",
+        type=int,
+        default=0,
+        help="prepend a system message of this many characters (default 0: a 7-character "
+        "prompt; real chat bodies are kilobytes)",
     )
     parser.add_argument("--latency-requests", type=int, default=None, help="phase 3 (500)")
     parser.add_argument("--warmup", type=int, default=None, help="default 1000")
