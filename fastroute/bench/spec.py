@@ -45,11 +45,14 @@ from typing import Annotated, Any
 import msgspec
 
 from fastroute.bench.fleet import FleetSpec
+from fastroute.config import ControllerConfig
 
 __all__ = ["SloSpec", "FaultSpec", "RouterCommand", "BenchSpec", "load_spec", "BenchSpecError"]
 
 _OPTS: dict[str, Any] = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True}
 Positive = Annotated[float, msgspec.Meta(gt=0)]
+#: fastroute's controller period as deployed (``[controller] period_s``'s default).
+_DEFAULT_PERIOD_S = ControllerConfig().period_s
 
 
 class BenchSpecError(ValueError):
@@ -132,7 +135,8 @@ class BenchSpec(msgspec.Struct, **_OPTS):
         Sequential short requests, direct and through the router, before the run
         (routing overhead at low load); 0 skips that phase.
     controller_period_s : float
-        fastroute controller period.
+        fastroute controller period; default: the controller's own default
+        (``[controller] period_s``), so the benchmark runs fastroute as deployed.
     slo : SloSpec
     fleet : FleetSpec
     workload : table
@@ -159,7 +163,7 @@ class BenchSpec(msgspec.Struct, **_OPTS):
     max_in_flight: Annotated[int, msgspec.Meta(ge=1)] = 512
     request_timeout_s: Positive = 60.0
     overhead_requests: Annotated[int, msgspec.Meta(ge=0)] = 30
-    controller_period_s: Positive = 2.0
+    controller_period_s: Positive = _DEFAULT_PERIOD_S
     slo: SloSpec = SloSpec()
     workload: dict[str, Any] = {}
     faults: tuple[FaultSpec, ...] = ()
