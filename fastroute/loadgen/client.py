@@ -103,6 +103,9 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, t_se
         payload = raw[5:].strip()
         if payload == b"[DONE]":
             done = True
+            # Read the body to its end, as the openai client does: a response left
+            # unfinished closes its connection, and every next request pays a new one.
+            await resp.read()
             break
         now = time.perf_counter()
         try:

@@ -1269,10 +1269,11 @@ class _StreamTally:
         if self.tracked is not None:
             self.tracked.chunk(chunk, now)
 
-    def relay(self, chunk: bytes, now: float) -> bool:
-        """Write a chunk to the client and count it; False when the client is full."""
+    def relay(self, chunk: bytes, now: float, last: bool) -> bool:
+        """Write a chunk to the client (``last``: the engine's body ended with it, so
+        end the client's too) and count it; False when the client is full."""
         assert self.splice is not None
-        writable = self.splice.write_now(chunk)
+        writable = self.splice.write_now(chunk, last)
         self.add(chunk, now)
         return writable
 

@@ -157,7 +157,7 @@ class Response:
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._relay: Callable[[bytes, float], bool] | None = None
+        self._relay: Callable[[bytes, float, bool], bool] | None = None
         self._idle_s = 0.0
         self._last_at = 0.0
 
@@ -245,15 +245,16 @@ class Response:
             raise self._exc
         return b""
 
-    def relay(self, on_data: Callable[[bytes, float], bool]) -> None:
+    def relay(self, on_data: Callable[[bytes, float, bool], bool]) -> None:
         """Hand the body to ``on_data`` as it arrives, without buffering.
 
-        ``on_data(data, now)`` runs in the connection's ``data_received``, once per read
-        with that read's body chunks joined (``now`` is ``loop.time()``), so relaying
-        costs no wake-up of a waiting coroutine; it must not raise, and returns False
-        when its consumer cannot take more: the connection then stops reading until
-        :meth:`resume_reading`. Chunks buffered before the call are handed over first.
-        Wait for the end with :meth:`wait_end`.
+        ``on_data(data, now, last)`` runs in the connection's ``data_received``, once per
+        read with that read's body chunks joined (``now`` is ``loop.time()``; ``last``:
+        the body ended in this read, so the consumer can close its side in the same
+        write), so relaying costs no wake-up of a waiting coroutine; it must not raise,
+        and returns False when its consumer cannot take more: the connection then stops
+        reading until :meth:`resume_reading`. Chunks buffered before the call are handed
+        over first. Wait for the end with :meth:`wait_end`.
         """
         self._relay = on_data
         self._last_at = self._loop.time()
@@ -305,7 +306,7 @@ class Response:
         relay = self._relay
         assert relay is not None
         now = self._last_at = self._loop.time()
-        if not relay(data, now):
+        if not relay(data, now, self._eof):
             self._pause()
 
     def _pause(self) -> None:

@@ -90,10 +90,11 @@ class Sink(Protocol):
 class Splice(Protocol):
     """Synchronous writes of a started chunked body (:meth:`Sink.splice`)."""
 
-    def write_now(self, data: bytes) -> bool:
-        """Send one chunk now; False when the client's buffer is full (stop producing
-        until the ``on_writable`` callback). A chunk for a client already gone is
-        dropped (the request is being cancelled)."""
+    def write_now(self, data: bytes, last: bool = False) -> bool:
+        """Send one chunk now (``last``: and finish the body in the same write, after
+        which :meth:`Sink.end` does nothing); False when the client's buffer is full
+        (stop producing until the ``on_writable`` callback). A chunk for a client
+        already gone is dropped (the request is being cancelled)."""
 
     def on_writable(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` when the client's buffer drained (None: stop calling)."""

@@ -424,15 +424,44 @@ def test_relay_hands_on_each_read_and_ends() -> None:
             up = _upstream()
             loop = asyncio.get_running_loop()
             resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
-            got: list[tuple[bytes, float]] = []
-            resp.relay(lambda data, now: got.append((data, now)) is None)
+            got: list[tuple[bytes, float, bool]] = []
+            resp.relay(lambda data, now, last: got.append((data, now, last)) is None)
             await up.wait_end(resp, "engine-a", loop.time() + 5)
-            assert b"".join(d for d, _ in got) == b"".join(events)
+            assert b"".join(d for d, _, _ in got) == b"".join(events)
             assert len(got) >= 3  # paced 30 ms apart: not one buffered lump
-            times = [t for _, t in got]
+            times = [t for _, t, _ in got]
             assert times == sorted(times) and times[-1] <= loop.time()
+            # "last" only where the body's end came in the same read as data
+            assert not any(last for _, _, last in got[:-1])
             resp.close()
             assert up._pools and next(iter(up._pools.values())).idle == 1
+            await up.close()
+
+    run(main())
+
+
+def test_relay_marks_the_read_that_ends_the_body() -> None:
+    """The final event and the body's end in one read: handed on with last=True."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(SSE_HEAD + chunked(b"data: 1\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await read_request(reader)
+
+    async def main() -> None:
+        async with serve(handle) as srv:
+            up = _upstream()
+            loop = asyncio.get_running_loop()
+            resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
+            got: list[tuple[bytes, bool]] = []
+            resp.relay(lambda data, now, last: got.append((data, last)) is None)
+            await up.wait_end(resp, "engine-a", loop.time() + 5)
+            assert got[-1] == (b"data: [DONE]\n\n", True)
+            assert all(not last for _, last in got[:-1])
+            resp.close()
             await up.close()
 
     run(main())
@@ -452,7 +481,7 @@ def test_relay_idle_timeout_mid_body() -> None:
             loop = asyncio.get_running_loop()
             resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
             got: list[bytes] = []
-            resp.relay(lambda data, now: got.append(data) is None)
+            resp.relay(lambda data, now, last: got.append(data) is None)
             t0 = loop.time()
             with pytest.raises(UpstreamError) as err:
                 await up.wait_end(resp, "engine-a", loop.time() + 5)
@@ -490,7 +519,7 @@ def test_relay_consumer_back_pressure_pauses_without_timing_out() -> None:
             loop = asyncio.get_running_loop()
             resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
             got: list[bytes] = []
-            resp.relay(lambda data, now: got.append(data) is None and False)  # always full
+            resp.relay(lambda data, now, last: got.append(data) is None and False)  # full
             end = asyncio.ensure_future(up.wait_end(resp, "engine-a", loop.time() + 10))
             await asyncio.sleep(0.6)  # three idle timeouts, held back by the consumer
             assert not end.done()
