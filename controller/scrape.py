@@ -5,9 +5,9 @@ Every ``controller.scrape_interval_s`` a round of the shared scraper
 ``controller.scrape_timeout_s`` per engine, parsing off the event loop) fetches every engine's
 ``/metrics`` and ``/health``. What this module adds is what the controller does with the samples:
 it accumulates *windows*. Between two successive good scrapes of an engine the cumulative
-histograms give the TTFT and inter-token-latency observations (:func:`histogram_window`; an
-engine restart, counters going backwards, drops that interval) and the completed requests
-(``e2e`` count) over the elapsed time give the served rate.
+histograms give the TTFT and inter-token-latency observations (their counts and sums,
+:func:`count_sum_window`; an engine restart, counters going backwards, drops that interval)
+and the completed requests (``e2e`` count) over the elapsed time give the served rate.
 
 :meth:`EngineScraper.drain` closes the window once per control period (:class:`ScrapeWindow`):
 per-engine counts and sums of TTFT and TBOT (engine-side, without network), the completed request
@@ -32,9 +32,15 @@ import numpy.typing as npt
 from fastroute.config import EngineConfig
 from fastroute.signals import scrape
 from fastroute.signals.scrape import MAX_METRICS_BYTES, EngineScrape
-from fastroute.signals.vllm import EngineSignals, histogram_window
+from fastroute.signals.vllm import CumulativeHistogram, EngineSignals
 
-__all__ = ["MAX_METRICS_BYTES", "EngineScrapeState", "EngineScraper", "ScrapeWindow"]
+__all__ = [
+    "MAX_METRICS_BYTES",
+    "EngineScrapeState",
+    "EngineScraper",
+    "ScrapeWindow",
+    "count_sum_window",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -68,15 +74,15 @@ class EngineScrapeState(EngineScrape):
             cur = getattr(new, name)
             if cur is None:
                 continue
-            win = histogram_window(getattr(old, name), cur)
-            if win.reset:
+            win = count_sum_window(getattr(old, name), cur)
+            if win is None:
                 return  # the engine restarted: this interval is unknown
             if name == "ttft_s":
-                self.ttft_count += win.count
-                self.ttft_sum_s += win.sum
+                self.ttft_count += win[0]
+                self.ttft_sum_s += win[1]
             else:
-                self.tbot_count += win.count
-                self.tbot_sum_s += win.sum
+                self.tbot_count += win[0]
+                self.tbot_sum_s += win[1]
         if new.e2e_s is not None and old.e2e_s is not None:
             done = new.e2e_s.count - old.e2e_s.count
             if done >= 0:
@@ -114,6 +120,21 @@ class ScrapeWindow:
     waiting: FloatArray
     kv_cache_usage: FloatArray
     stale: npt.NDArray[np.bool_] = field(repr=False)
+
+
+def count_sum_window(
+    previous: CumulativeHistogram | None, current: CumulativeHistogram
+) -> tuple[float, float] | None:
+    """``(count, sum)`` of :func:`~fastroute.signals.vllm.histogram_window`, None on a reset.
+
+    The windows only need the two totals, so the per-bucket differences (most of the cost,
+    four engines a second) are not computed.
+    """
+    if previous is None:
+        return current.count, current.sum
+    if current.count < previous.count:
+        return None
+    return current.count - previous.count, current.sum - previous.sum
 
 
 def _gauge(value: float | None) -> float:

@@ -26,7 +26,8 @@ Every ``controller.period_s`` :meth:`ControllerService.step` does, in order:
    (``asyncio.to_thread``), HiGHS time limit
    ``controller.solve_time_limit_s``. Shed penalty base ``P₀ = shed_base_factor · (max m + max d +
    2 max κ)`` (never cheaper to shed than to serve anything servable), ``π`` per priority from
-   ``controller.shed_penalties``.
+   ``controller.shed_penalties``. A period whose LP inputs equal the last successful solve's
+   reuses its result (:class:`controller.memo.SolveMemo`): no hand-off, no HiGHS run.
 4. **Weights**: :func:`class_weights` (fallback: eligible capacity for classes without
    allocation), :func:`engine_weights` (split ∝ capacity), :func:`validate_weights`. Shed
    fractions from :func:`shed_at_demand` at the *live* forecast (the LP planned for the held one).
@@ -75,6 +76,7 @@ from controller.health import (
 )
 from controller.latency import LatencyProfile
 from controller.lp import RoutingProblem
+from controller.memo import SolveInputs, SolveMemo
 from controller.profiles import ProfileFitter
 from controller.scrape import EngineScraper, ScrapeWindow
 from controller.sifting import SiftingLP
@@ -303,6 +305,11 @@ class ControllerMetrics:
         self.solves = Counter(
             "fastroute_controller_solves", "LP solves by outcome status", ["status"], registry=r
         )
+        self.solves_reused = Counter(
+            "fastroute_controller_solves_reused",
+            "Periods (also in solves_total) that reused the last solve's result: same LP inputs",
+            registry=r,
+        )
         self.solve_seconds = Histogram(
             "fastroute_controller_solve_seconds",
             "Wall time of one period's solve (build + HiGHS + weights)",
@@ -457,6 +464,10 @@ def carry_forecast(old: DemandForecaster, new: DemandForecaster) -> int:
     return len(pairs)
 
 
+#: One period's solve: the LP result, engine weights, shed fractions, per-engine allocation.
+PeriodSolution = tuple[SolveResult, FloatArray, FloatArray, FloatArray]
+
+
 def _solve_period(
     lp: RoutingLP | SiftingLP,
     model: FleetModel,
@@ -464,7 +475,7 @@ def _solve_period(
     x_prev_rps: FloatArray | None,
     kappa_s: float,
     shed_base_factor: float,
-) -> tuple[SolveResult, FloatArray, FloatArray, FloatArray]:
+) -> PeriodSolution:
     """Build, solve and turn into validated engine rows (runs in a worker thread)."""
     g = model.groups
     elig = g.eligible
@@ -652,6 +663,8 @@ class ControllerService:
         self._x_prev: FloatArray | None = None
         self._demand_prev: FloatArray | None = None
         self._groups_prev: EngineGroups | None = None
+        #: The last successful LP solve, reused while a period's LP inputs are the same.
+        self.solve_memo: SolveMemo[PeriodSolution] = SolveMemo()
         self._plan_id = 0
         self._changed = asyncio.Event()
         self._step_lock = asyncio.Lock()
@@ -1050,31 +1063,46 @@ class ControllerService:
             anchor = table_anchor(x_prev, self._demand_prev, demand)
         groups_now = self.model.groups
         t0 = time.perf_counter()
+        reused = False
         try:
             if self.baseline is not None:
                 res, w, sigma, x_eng = await asyncio.to_thread(
                     self._baseline_period, demand, now_s, flags
                 )
             else:
-                res, w, sigma, x_eng = await asyncio.to_thread(
-                    _solve_period,
-                    self.lp,
-                    self.model,
-                    demand,
-                    anchor,
-                    ctl.kappa_s,
-                    ctl.shed_base_factor,
+                inputs = SolveInputs(
+                    self.lp, self.model, demand, anchor, ctl.kappa_s, ctl.shed_base_factor
                 )
+                solution = self.solve_memo.get(inputs)
+                reused = solution is not None
+                if solution is None:
+                    solution = await asyncio.to_thread(
+                        _solve_period,
+                        self.lp,
+                        self.model,
+                        demand,
+                        anchor,
+                        ctl.kappa_s,
+                        ctl.shed_base_factor,
+                    )
+                    self.solve_memo.put(inputs, solution)
+                res, w, sigma, x_eng = solution
         except SolveError as exc:
+            self.solve_memo.forget()
             self.metrics.solves.labels(status=exc.status).inc()
             self._alert("solve_error", str(exc))
             return False
         except (TableError, ValueError) as exc:
+            self.solve_memo.forget()
             self.metrics.solves.labels(status="invalid").inc()
             self._alert("invalid_weights", str(exc))
             return False
+        # every period counts by its plan's status (alerts watch that rate); timings are solves'
         self.metrics.solves.labels(status=res.status).inc()
-        self.metrics.solve_seconds.observe(time.perf_counter() - t0)
+        if reused:
+            self.metrics.solves_reused.inc()
+        else:
+            self.metrics.solve_seconds.observe(time.perf_counter() - t0)
         if self.baseline is None:
             # the LP planned for the held forecast; a shed class's fraction must admit its routed
             # rate out of the live demand estimate (controller.weights.shed_at_demand)
