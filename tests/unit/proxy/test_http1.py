@@ -351,8 +351,10 @@ def test_total_deadline_caps_first_byte_wait() -> None:
     run(main())
 
 
-def test_idle_timeout_mid_body() -> None:
-    """A stream that stalls mid-body fails with TIMEOUT after idle_timeout_s."""
+@pytest.mark.parametrize("relay", [False, True], ids=["read", "relay"])
+def test_idle_timeout_mid_body(relay: bool) -> None:
+    """A stream that stalls mid-body fails with TIMEOUT after idle_timeout_s, whether
+    read chunk by chunk or relayed from the connection's callback."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
@@ -361,16 +363,24 @@ def test_idle_timeout_mid_body() -> None:
 
     async def main() -> None:
         async with serve(handle) as srv:
-            up = _upstream()
+            up = _upstream(idle_timeout_s=0.2)
             loop = asyncio.get_running_loop()
             resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
-            assert await up.read_chunk(resp, "engine-a", 1.0, loop.time() + 5) == b"data: 1\n\n"
+            got: list[bytes] = []
+            if relay:
+                resp.relay(lambda data, now, last: got.append(data) is None)
+            else:
+                got.append(await up.read_chunk(resp, "engine-a", 1.0, loop.time() + 5))
             t0 = loop.time()
             with pytest.raises(UpstreamError) as err:
-                await up.read_chunk(resp, "engine-a", 0.2, loop.time() + 5)
-            assert 0.15 < loop.time() - t0 < 2.5  # the server would answer only after 5 s
+                if relay:
+                    await up.wait_end(resp, "engine-a", loop.time() + 5)
+                else:
+                    await up.read_chunk(resp, "engine-a", 0.2, loop.time() + 5)
+            assert 0.1 < loop.time() - t0 < 2.5  # the server would answer only after 5 s
             assert err.value.outcome is Outcome.TIMEOUT
             assert err.value.message == "engine engine-a timed out mid-response"
+            assert got == [b"data: 1\n\n"]
             resp.close()
             await up.close()
 
@@ -405,18 +415,18 @@ def test_lazy_timer_is_rearmed_not_fired_early() -> None:
 
 def test_relay_hands_on_each_read_and_ends() -> None:
     """Relay mode: each paced event reaches the consumer from the connection's callback
-    (no read() call), with its arrival time; wait_end returns at the end and the
-    connection is pooled again."""
+    (no read() call), with its arrival time, and the read that also ends the body is
+    marked last; wait_end returns at the end and the connection is pooled again."""
     events = [b"data: %d\n\n" % i for i in range(5)]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(SSE_HEAD)
-        for ev in events:
+        for ev in events[:-1]:
             writer.write(chunked(ev))
             await writer.drain()
             await asyncio.sleep(0.03)
-        writer.write(b"0\r\n\r\n")
+        writer.write(chunked(events[-1]) + b"0\r\n\r\n")  # the last event and the end
         await read_request(reader)
 
     async def main() -> None:
@@ -431,64 +441,10 @@ def test_relay_hands_on_each_read_and_ends() -> None:
             assert len(got) >= 3  # paced 30 ms apart: not one buffered lump
             times = [t for _, t, _ in got]
             assert times == sorted(times) and times[-1] <= loop.time()
-            # "last" only where the body's end came in the same read as data
+            assert got[-1][0].endswith(events[-1]) and got[-1][2]
             assert not any(last for _, _, last in got[:-1])
             resp.close()
             assert up._pools and next(iter(up._pools.values())).idle == 1
-            await up.close()
-
-    run(main())
-
-
-def test_relay_marks_the_read_that_ends_the_body() -> None:
-    """The final event and the body's end in one read: handed on with last=True."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        await read_request(reader)
-        writer.write(SSE_HEAD + chunked(b"data: 1\n\n"))
-        await writer.drain()
-        await asyncio.sleep(0.05)
-        writer.write(chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-        await read_request(reader)
-
-    async def main() -> None:
-        async with serve(handle) as srv:
-            up = _upstream()
-            loop = asyncio.get_running_loop()
-            resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
-            got: list[tuple[bytes, bool]] = []
-            resp.relay(lambda data, now, last: got.append((data, last)) is None)
-            await up.wait_end(resp, "engine-a", loop.time() + 5)
-            assert got[-1] == (b"data: [DONE]\n\n", True)
-            assert all(not last for _, last in got[:-1])
-            resp.close()
-            await up.close()
-
-    run(main())
-
-
-def test_relay_idle_timeout_mid_body() -> None:
-    """Relay mode: an engine silent for idle_timeout_s fails wait_end with TIMEOUT."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        await read_request(reader)
-        writer.write(SSE_HEAD + chunked(b"data: 1\n\n"))
-        await asyncio.sleep(5)
-
-    async def main() -> None:
-        async with serve(handle) as srv:
-            up = _upstream(idle_timeout_s=0.2)
-            loop = asyncio.get_running_loop()
-            resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 5)
-            got: list[bytes] = []
-            resp.relay(lambda data, now, last: got.append(data) is None)
-            t0 = loop.time()
-            with pytest.raises(UpstreamError) as err:
-                await up.wait_end(resp, "engine-a", loop.time() + 5)
-            assert 0.1 < loop.time() - t0 < 2.5  # the server would go on only after 5 s
-            assert err.value.outcome is Outcome.TIMEOUT
-            assert got == [b"data: 1\n\n"]
-            resp.close()
             await up.close()
 
     run(main())
