@@ -806,9 +806,7 @@ class Simulator:
         if dp.calibration is not None:
             q_tok, _, b, ctx, _ = engine_load(d.model)
             att.dload0 = (int(b), int(ctx), int(q_tok))
-        dp.policy.on_routed(att.decode_route, d.engine_id)
-        dp.loads[d.index] += 1
-        dp.token_loads[d.index] += att.req.prompt.num_tokens + att.req.max_tokens
+        dp.routed(att.decode_route, d.index, att.req.prompt.num_tokens + att.req.max_tokens)
         att.d_open = True
         fail = self._submit(d, att, t, output_tokens=att.req.max_tokens, remote_prefill=True)
         if fail is not None:
@@ -823,9 +821,7 @@ class Simulator:
         req = att.req
         dp = req.sess.dp
         e = self.engines[att.engine]
-        dp.loads[e.index] -= 1
-        dp.token_loads[e.index] -= req.prompt.num_tokens + req.max_tokens
-        dp.policy.on_complete(req.route, e.engine_id, ok)
+        dp.completed(req.route, e.index, req.prompt.num_tokens + req.max_tokens, ok)
         if ok and att.decode_engine >= 0 and dp.calibration is not None and att.load0:
             # A P/D prefill answers one token as JSON: the proxy calibrates the prefill
             # model with the whole attempt (forward -> answer), network included.
@@ -851,10 +847,8 @@ class Simulator:
         att.d_open = False
         req = att.req
         dp = req.sess.dp
-        d = self.engines[att.decode_engine]
-        dp.loads[d.index] -= 1
-        dp.token_loads[d.index] -= req.prompt.num_tokens + req.max_tokens
-        dp.policy.on_complete(att.decode_route, d.engine_id, ok)
+        tokens = req.prompt.num_tokens + req.max_tokens
+        dp.completed(att.decode_route, att.decode_engine, tokens, ok)
 
     def _calibrate_from(self, att: _Attempt, t: float, first_dp_s: float) -> None:
         """Feed a served request's timings to the policy, as the proxy does
@@ -1104,9 +1098,7 @@ class Simulator:
         req.attempts += 1
         req.tried = (*req.tried, engine)
         e = self.engines[engine]
-        dp.policy.on_routed(req.route, e.engine_id)
-        dp.loads[engine] += 1
-        dp.token_loads[engine] += req.prompt.num_tokens + req.max_tokens
+        dp.routed(req.route, engine, req.prompt.num_tokens + req.max_tokens)
         if self._cut(dp.region, e.region):
             self._push(t + dp.config.connect_timeout_s, K_RESPONSE, att, Outcome.TIMEOUT)
             return

@@ -19,7 +19,7 @@ import numpy as np
 
 from fastroute.emulator.model import EngineConfig, EngineModel
 from fastroute.emulator.profiles import HardwareProfile
-from fastroute.policy import Policy, make_policy
+from fastroute.policy import Policy, RouteRequest, make_policy
 from fastroute.policy.marginal import EngineState, StaticEngineStateView
 from fastroute.predict.interleave import PrefillInterleave
 from fastroute.proxy.admission import QueueDelayGuard
@@ -301,6 +301,18 @@ class DataPlane:
             view.loads = self.loads
             view.token_loads = self.token_loads
         return view
+
+    def routed(self, route: RouteRequest, index: int, tokens: int) -> None:
+        """An attempt of ``tokens`` (prompt + output budget) went to engine ``index``."""
+        self.policy.on_routed(route, self.engine_ids[index])
+        self.loads[index] += 1
+        self.token_loads[index] += tokens
+
+    def completed(self, route: RouteRequest, index: int, tokens: int, ok: bool) -> None:
+        """That attempt left engine ``index`` (``ok``: it was served)."""
+        self.loads[index] -= 1
+        self.token_loads[index] -= tokens
+        self.policy.on_complete(route, self.engine_ids[index], ok)
 
     def set_table(
         self,
