@@ -1199,7 +1199,8 @@ class InferenceHandler:
                     await upstream.wait_end(resp, attempt.engine, deadline)
                 except UpstreamError as exc:
                     failure = exc
-                splice.on_writable(None)
+                finally:
+                    splice.on_writable(None)
             else:
                 while True:
                     try:

@@ -258,8 +258,7 @@ class Response:
         """
         self._relay = on_data
         self._last_at = self._loop.time()
-        if self._chunks and not self._closed:
-            self._hand_on()
+        self._hand_on()
 
     def resume_reading(self) -> None:
         """Read from the engine again (after a :meth:`relay` consumer returned False)."""
@@ -298,13 +297,15 @@ class Response:
 
     def _hand_on(self) -> None:
         """Relaying: give the chunks of one read to the consumer, as one piece (one
-        client write however many chunks the engine's read held)."""
+        client write however many chunks the engine's read held). No-op when not
+        relaying, closed, or nothing arrived."""
+        relay = self._relay
         chunks = self._chunks
+        if relay is None or not chunks or self._closed:
+            return
         data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self._buffered = 0
-        relay = self._relay
-        assert relay is not None
         now = self._last_at = self._loop.time()
         if not relay(data, now, self._eof):
             self._pause()
@@ -428,12 +429,10 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            if resp._relay is not None and resp._chunks and not resp._closed:
-                resp._hand_on()  # what was well-formed still reaches the client
+            resp._hand_on()  # what was well-formed still reaches the client
             self._broken(ProtocolError(f"malformed response: {type(exc).__name__}"))
             return
-        if resp._relay is not None and resp._chunks and not resp._closed:
-            resp._hand_on()
+        resp._hand_on()
         if not resp._head_done:
             # Still in the head: every byte so far was head (httptools buffers partial
             # header lines itself, so bound them here).

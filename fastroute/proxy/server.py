@@ -196,7 +196,6 @@ class _StreamSink:
 
     async def end(self) -> None:
         conn = self.conn
-        self.on_writable(None)
         if conn.lost:
             raise ConnectionResetError("client disconnected")
         if not self.ended:
