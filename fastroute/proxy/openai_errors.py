@@ -83,8 +83,7 @@ def error_response(
     -------
     aiohttp.web.Response
     """
-    kind = type or TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "api_error")
-    body = _encode(error_body(message, type=kind, param=param, code=code))
+    body = _error_json(status, message, type, param, code)
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
@@ -98,12 +97,23 @@ def error_reply(
     headers: Mapping[str, str] | None = None,
 ) -> Reply:
     """:func:`error_response` as a front-end independent :class:`~fastroute.proxy.reply.Reply`."""
-    kind = type or TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "api_error")
-    body = _encode(error_body(message, type=kind, param=param, code=code))
+    body = _error_json(status, message, type, param, code)
     pairs = [("Content-Type", "application/json")]
     if headers:
         pairs.extend(headers.items())
     return Reply(status, pairs, body)
+
+
+def _error_json(
+    status: int,
+    message: str,
+    type: str | None,
+    param: str | None,
+    code: str | None,  # noqa: A002
+) -> bytes:
+    """The encoded error body; ``type`` defaults from the status (:data:`TYPE_BY_STATUS`)."""
+    kind = type or TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "api_error")
+    return _encode(error_body(message, type=kind, param=param, code=code))
 
 
 def sse_error_event(message: str, *, code: str | None = None, type: str = "server_error") -> bytes:  # noqa: A002

@@ -103,7 +103,7 @@ class Reporter:
                 connect_timeout_s=self.timeout_s,
             )
             try:
-                while await resp.read(max(0.0, deadline - loop.time()), deadline):
+                while await resp.read(self.timeout_s, deadline):
                     pass  # the answer is small; read it so the connection is reused
             finally:
                 resp.close()
