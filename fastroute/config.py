@@ -106,7 +106,10 @@ POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
 Role = Literal["both", "prefill", "decode"]
 
 #: The engine emulator's hardware profiles (``fastroute.emulator.profiles.PROFILES``).
-DEFAULT_HARDWARE_CLASSES: tuple[str, ...] = ("h100", "a100", "a40", "l4")
+DEFAULT_HARDWARE_CLASSES: tuple[str, ...] = (
+    *("h100", "a100", "a40", "l4"),
+    *("h100-qwen2.5-3b", "a100-qwen2.5-3b", "a40-qwen2.5-3b", "l4-qwen2.5-3b"),
+)
 
 DEFAULT_REGION = "local"
 DEFAULT_ZONE = "default"

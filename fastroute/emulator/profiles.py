@@ -31,7 +31,8 @@ Llama-3-8B in bf16), rounded down to whole blocks of 16 tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 __all__ = [
     "GpuSpec",
@@ -39,7 +40,10 @@ __all__ = [
     "HardwareProfile",
     "GPUS",
     "LLAMA_3_8B",
+    "QWEN_2_5_3B",
     "PROFILES",
+    "STEP_TIME_COEFFICIENTS",
+    "true_profile",
     "derive_profile",
     "get_profile",
     "BLOCK_SIZE_TOKENS",
@@ -143,6 +147,19 @@ LLAMA_3_8B = ModelSpec(
     hidden_size=4096,
     dtype_bytes=2,
     max_model_len=8192,
+)
+
+#: Qwen2.5-3B (config.json: 36 layers, 2 KV heads, head dim 128, hidden 2048), bf16: the
+#: model of "Calibrate, Then Route" (reference/algorithms.md §6.1).
+QWEN_2_5_3B = ModelSpec(
+    name="qwen2.5-3b",
+    num_params=3_085_938_688,
+    num_layers=36,
+    num_kv_heads=2,
+    head_dim=128,
+    hidden_size=2048,
+    dtype_bytes=2,
+    max_model_len=32768,
 )
 
 #: NVIDIA datasheet figures (dense bf16, i.e. half the "with sparsity" number).
@@ -273,8 +290,20 @@ def derive_profile(
     )
 
 
-#: The built-in profiles, one per GPU, all serving Llama-3-8B in bf16.
-PROFILES: dict[str, HardwareProfile] = {name: derive_profile(gpu) for name, gpu in GPUS.items()}
+#: The built-in profiles: every GPU serving Llama-3-8B (named by the GPU: ``"a40"``) and
+#: Qwen2.5-3B (``"a40-qwen2.5-3b"``), bf16.
+PROFILES: dict[str, HardwareProfile] = {
+    **{name: derive_profile(gpu) for name, gpu in GPUS.items()},
+    **{
+        f"{name}-{QWEN_2_5_3B.name}": replace(
+            derive_profile(gpu, QWEN_2_5_3B), name=f"{name}-{QWEN_2_5_3B.name}"
+        )
+        for name, gpu in GPUS.items()
+    },
+}
+
+#: Coefficients a ``step_time_factors`` table may scale (:func:`true_profile`).
+STEP_TIME_COEFFICIENTS = ("a0_s", "a1_s", "a2_s", "a3_s", "b0_s", "b1_s", "b2_s")
 
 
 def get_profile(name: str) -> HardwareProfile:
@@ -283,3 +312,29 @@ def get_profile(name: str) -> HardwareProfile:
         return PROFILES[name.lower()]
     except KeyError:
         raise KeyError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}") from None
+
+
+def true_profile(profile: HardwareProfile, factors: Mapping[str, float]) -> HardwareProfile:
+    """``profile`` with its step-time coefficients multiplied by ``factors`` (same name).
+
+    A derived profile is a datasheet estimate; real engines deviate from it. The
+    simulator and the emulator run an engine group's *true* step times this way while
+    the router starts from the datasheet's (the profile of the same name).
+
+    Raises
+    ------
+    ValueError
+        A factor names no coefficient or is not > 0.
+    """
+    if not factors:
+        return profile
+    changes = {}
+    for key, f in factors.items():
+        if key not in STEP_TIME_COEFFICIENTS:
+            raise ValueError(
+                f"unknown step-time coefficient {key!r}; choose from {STEP_TIME_COEFFICIENTS}"
+            )
+        if not f > 0:
+            raise ValueError(f"step-time factor {key} must be > 0, got {f}")
+        changes[key] = getattr(profile, key) * f
+    return replace(profile, **changes)
