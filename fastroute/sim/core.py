@@ -40,10 +40,12 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
+from fastroute.emulator.profiles import PROFILES
 from fastroute.hashing import engine_id as make_engine_id
 from fastroute.hashing import key_hash
 from fastroute.policy import RouteRequest
 from fastroute.policy.marginal import COLUMNS, REASON_SLO_INFEASIBLE, MarginalRequest
+from fastroute.predict.calibration import DEFAULT_TYPE
 from fastroute.proxy.admission import Verdict, should_shed
 from fastroute.proxy.outlier import Outcome
 from fastroute.sim.capacity import estimate_capacity_rps, idle_latencies, request_shapes
@@ -305,11 +307,13 @@ class Simulator:
                 max_waiting=g.max_waiting,
                 enable_prefix_caching=g.enable_prefix_caching,
             )
-            datasheet = sim_profile(g.profile)
-            profile = true_profile(datasheet, g.step_time_factors)
-            type_name = g.profile.lower()
+            profile = true_profile(sim_profile(g.profile), g.step_time_factors)
+            type_name = (g.hardware or g.profile).lower()
             if type_name not in self.nominal:
-                # What the policy starts from: the datasheet profile, not the true one.
+                # What the policy starts from: the datasheet profile of the group's hardware
+                # label, not the true one; a label naming no built-in profile starts from
+                # the default type's, as the proxy's FleetCalibration.nominal does.
+                datasheet = PROFILES.get(type_name) or PROFILES[DEFAULT_TYPE]
                 self.nominal[type_name] = nominal_step_times(datasheet, g.max_num_batched_tokens)
                 self.transfer_nominal[type_name] = (
                     cfg.kv_transfer_latency_s,

@@ -114,6 +114,12 @@ class EngineGroup(msgspec.Struct, **_OPTS):
         (``{"b0_s" = 1.5}``: 50 % more per-step overhead than the datasheet estimate);
         the marginal-cost policy starts from the profile's and must calibrate
         (:mod:`fastroute.sim.profiles`).
+    hardware : str
+        The label the router knows the group by (the proxy config's ``hardware``);
+        default: the profile's name. The marginal-cost policy starts from the datasheet
+        constants of the built-in profile of that name; a label naming none (an operator's
+        own, ``"a40-48g"``) starts it from the default type's (``a40``, Llama-3-8B), as
+        the proxy does.
     """
 
     name: str
@@ -129,6 +135,7 @@ class EngineGroup(msgspec.Struct, **_OPTS):
     enable_prefix_caching: bool = True
     capacity_rps: float | None = None
     step_time_factors: dict[str, float] = {}
+    hardware: str = ""
 
 
 class TraceSource(msgspec.Struct, **_OPTS):

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from fastroute.emulator.profiles import PROFILES
+from fastroute.predict.calibration import FleetCalibration
 from fastroute.sim.core import Simulator
 from fastroute.sim.scenario import apply_settings, load_scenario_dict, scenario_from_dict
 from fastroute.sim.sweep import run_sweep
@@ -113,6 +115,28 @@ def test_uncalibrated_keeps_the_datasheet_constants(traces):
     sim = run(data, "marginal-cost")
     model = sim.dataplanes[0].policy.calibration.model("a40-qwen2.5-3b")
     assert model.rls.coef[1] == pytest.approx(sim.nominal["a40-qwen2.5-3b"].b0_s)
+
+
+def test_an_unprofiled_hardware_label_starts_from_the_default_type(traces):
+    """A hardware label naming no built-in profile: the policy's type is the label and
+    it starts from the default type's datasheet (a40, Llama-3-8B), as the proxy's
+    FleetCalibration does; the engines still run their true (Qwen) step times, and the
+    calibrated policy moves b0 from that start towards them."""
+    engines = [
+        {"name": "mixed", "count": 3, "profile": "a40-qwen2.5-3b", "hardware": "A40-48g",
+         "model": "qwen2.5-3b", "step_time_factors": FACTORS},
+    ]  # fmt: skip
+    data = tiny(traces, engines=engines, **{"dataplane.policy_params": {"calibrate": True}})
+    sim = run(data, "marginal-cost")
+    llama, qwen = PROFILES["a40"], PROFILES["a40-qwen2.5-3b"]
+    assert set(sim.nominal) == {"a40-48g"}
+    assert sim.nominal["a40-48g"].b0_s == pytest.approx(llama.b0_s)
+    assert sim.nominal["a40-48g"] == FleetCalibration().nominal("a40-48g")
+    assert sim.engines[0].profile.b0_s == pytest.approx(1.5 * qwen.b0_s)
+    model = sim.dataplanes[0].policy.calibration.model("a40-48g")
+    assert model.samples_by_kind["decode"] > 20
+    true_b0 = sim.engines[0].profile.b0_s
+    assert abs(model.rls.coef[1] - true_b0) < 0.5 * abs(llama.b0_s - true_b0)
 
 
 def test_colocated_pool_and_slo_admission(traces):
