@@ -11,9 +11,11 @@ Every ``controller.period_s`` :meth:`ControllerService.step` does, in order:
    engines exist.
 2. **LP data** (static, built once from the config, :class:`FleetModel`): classes are
    (source cluster, model, priority) for every declared region, served model and priority, keyed
-   by :func:`class_key` (the proxy's row key). Eligibility: the engine serves the model and has role
-   ``both``; every zone is eligible (the proxy filters zones per request). Network latency: the
-   config RTT from the class's cluster to the engine's region (one round trip per request).
+   by :func:`class_key` (the proxy's row key), for every model some ``both`` engine serves (a P/D
+   model has no rows: the proxy weighs its pools by capacity and the controller never sheds
+   it). Eligibility: the engine serves the model and has role ``both``; every zone is eligible
+   (the proxy filters zones per request). Network latency: the config RTT from the class's
+   cluster to the engine's region (one round trip per request).
    Profiles: seeded with :meth:`LatencyProfile.seed` and the per-hardware constants of
    :data:`HARDWARE_SEED_LATENCY_S` on the config's breakpoint grid, then fitted online per *fit
    group* (hardware, models, region, role) by :class:`controller.profiles.ProfileFitter` from
@@ -204,10 +206,16 @@ class FleetModel:
             ttft0, tbot0 = HARDWARE_SEED_LATENCY_S.get(hw.lower(), FALLBACK_SEED_LATENCY_S)
             by_hw[hw] = LatencyProfile.seed(ttft0, tbot0, breakpoints_rho=grid)
         engines = config.engines
+        # P/D models (served by prefill and decode engines only) get no rows: the proxy
+        # routes their pools by capacity (fastroute/proxy/pd.py). A row without an
+        # eligible engine would be shed in full.
+        lp_models = [
+            m for m in config.models() if any(m in e.models for e in engines if e.role == "both")
+        ]
         classes = tuple(
             ClassSpec(class_key(r.name, m, p), r.name, m, p)
             for r in config.network.regions
-            for m in config.models()
+            for m in lp_models
             for p in PRIORITIES
         )
         cap = np.array([e.capacity_rps for e in engines], dtype=np.float64)
