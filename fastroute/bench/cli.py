@@ -2,7 +2,9 @@
 
 Runs the spec's workload through each router in turn (a fresh fleet each time),
 then prints a markdown table and writes ``results.json`` and ``results.md`` (and
-``ttft_cdf.png`` with ``--plots`` when matplotlib is installed) into ``--out``.
+``ttft_cdf.png`` with ``--plots`` when matplotlib is installed) into ``--out``. Given
+several specs, it runs them one after the other into ``--out/<spec name>/`` and adds
+``--out/summary.md``: goodput per spec (row) and router (column).
 Exit status: 0 when every available router ran to the end, 1 when one failed to
 start or died, 2 for a bad spec. Heavy imports happen in :func:`run`.
 """
@@ -12,6 +14,11 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastroute.bench.runner import RouterResult
+    from fastroute.bench.spec import BenchSpec
 
 __all__ = ["add_arguments", "run"]
 
@@ -20,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``fastroute bench``'s actions."""
     sub = parser.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
     fleet = sub.add_parser("fleet", help="run a fleet benchmark spec (TOML)")
-    fleet.add_argument("spec", help="benchmark spec, e.g. examples/bench/chat-90.toml")
+    fleet.add_argument(
+        "spec", nargs="+",
+        help="benchmark spec(s), e.g. examples/bench/chat-90.toml; with several, each runs in "
+        "turn into --out/<name>/ and --out/summary.md has one goodput table for all",
+    )  # fmt: skip
     fleet.add_argument(
         "--routers", nargs="+", metavar="NAME",
         help="override the spec's routers (fastroute[:policy], sglang:POLICY, ...)",
@@ -41,37 +52,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``fastroute bench``; return the exit status."""
+    import msgspec
+
+    from fastroute.bench.spec import BenchSpecError, load_spec
+
+    paths = args.spec if isinstance(args.spec, list) else [args.spec]
+    try:
+        specs = [load_spec(path) for path in paths]
+        if args.bench_command == "capacity":
+            return _capacity(specs[0], args.attainment)
+        if args.duration is not None:
+            if not args.duration > 0:
+                raise BenchSpecError(f"--duration must be > 0, got {args.duration}")
+            specs = [msgspec.structs.replace(s, duration_s=args.duration) for s in specs]
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise BenchSpecError(f"several specs share a name: {names} (one output dir each)")
+    except BenchSpecError as exc:
+        print(f"fastroute bench: {exc}", file=sys.stderr)
+        return 2
+    return _run_specs(specs, args)
+
+
+def _run_specs(specs: list[BenchSpec], args: argparse.Namespace) -> int:
+    """Run every spec in turn; with several, each writes to ``--out/<name>`` and an
+    aggregate goodput table goes to ``--out/summary.md``."""
     import asyncio
     import signal
     import tempfile
     from pathlib import Path
 
-    import msgspec
-
     from fastroute.bench import report
     from fastroute.bench.runner import run_bench
-    from fastroute.bench.spec import BenchSpecError, load_spec
 
-    try:
-        spec = load_spec(args.spec)
-        if args.bench_command == "capacity":
-            return _capacity(spec, args.attainment)
-        if args.duration is not None:
-            if not args.duration > 0:
-                raise BenchSpecError(f"--duration must be > 0, got {args.duration}")
-            spec = msgspec.structs.replace(spec, duration_s=args.duration)
-    except BenchSpecError as exc:
-        print(f"fastroute bench: {exc}", file=sys.stderr)
-        return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     command = "fastroute bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    records: dict[str, list] = {}
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    async def main(tmp: Path) -> list:
+    async def main(tmp: Path, spec: BenchSpec, records: dict[str, list]) -> list[RouterResult]:
         # Explicit handlers: a shell starts background jobs with SIGINT ignored.
         task = asyncio.current_task()
         assert task is not None
@@ -80,24 +100,37 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, task.cancel)
         return await run_bench(spec, tmp, routers=args.routers, say=say, records_out=records)
 
-    try:
-        with tempfile.TemporaryDirectory(prefix="fastroute-bench-") as tmp:
-            results = asyncio.run(main(Path(tmp)))
-    except ValueError as exc:  # unknown router name
-        print(f"fastroute bench: {exc}", file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("fastroute bench: interrupted; every process was stopped", file=sys.stderr)
-        return 130
-    machine = report.machine_description()
-    text = report.markdown_report(spec, results, machine, command)
-    (out / "results.md").write_text(text)
-    report.write_json(out / "results.json", spec, results, machine, command)
-    print(text)
-    if args.plots:
-        say(report.write_plots(out, results, records))
-    say(f"written: {out / 'results.md'}, {out / 'results.json'}")
-    failed = [r for r in results if r.status not in ("ok", "unavailable")]
+    done: list[tuple[BenchSpec, list[RouterResult]]] = []
+    for spec in specs:
+        spec_out = out / spec.name if len(specs) > 1 else out
+        spec_out.mkdir(parents=True, exist_ok=True)
+        records: dict[str, list] = {}
+        if len(specs) > 1:
+            say(f"== {spec.name} ==")
+        try:
+            with tempfile.TemporaryDirectory(prefix="fastroute-bench-") as tmp:
+                results = asyncio.run(main(Path(tmp), spec, records))
+        except ValueError as exc:  # unknown router name, unusable trace
+            print(f"fastroute bench: {spec.name}: {exc}", file=sys.stderr)
+            return 2
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            print("fastroute bench: interrupted; every process was stopped", file=sys.stderr)
+            return 130
+        machine = report.machine_description()
+        text = report.markdown_report(spec, results, machine, command)
+        (spec_out / "results.md").write_text(text)
+        report.write_json(spec_out / "results.json", spec, results, machine, command)
+        print(text, flush=True)
+        if args.plots:
+            say(report.write_plots(spec_out, results, records))
+        say(f"written: {spec_out / 'results.md'}, {spec_out / 'results.json'}")
+        done.append((spec, results))
+    if len(specs) > 1:
+        summary = report.aggregate_report(done, command)
+        (out / "summary.md").write_text(summary)
+        print(summary)
+        say(f"written: {out / 'summary.md'}")
+    failed = [r for _, results in done for r in results if r.status not in ("ok", "unavailable")]
     return 1 if failed else 0
 
 
@@ -108,6 +141,10 @@ def _capacity(spec: object, attainment: float) -> int:
     from fastroute.workload import ChatWorkload
 
     assert isinstance(spec, BenchSpec)
+    if spec.workload is None:
+        print("fastroute bench capacity: the spec has no [workload] (a [replay] spec states "
+              "its rate; see docs/fleet-benchmark.md)", file=sys.stderr)  # fmt: skip
+        return 2
     if not 0 < attainment <= 1:
         print(f"fastroute bench: --attainment must be in (0, 1], got {attainment}", file=sys.stderr)
         return 2

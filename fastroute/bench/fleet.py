@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from fastroute.bench.process import free_port
+from fastroute.emulator.profiles import PROFILES, true_profile
 
 __all__ = [
     "RegionSpec",
@@ -54,8 +55,20 @@ class EngineGroup(msgspec.Struct, **_OPTS):
         Name prefix, unique in the fleet.
     count : int
         Engines in the group.
-    profile : {"h100", "a100", "a40", "l4"}
-        Emulator hardware profile (also the config's ``hardware`` label).
+    profile : str
+        Emulator hardware profile, a key of
+        :data:`~fastroute.emulator.profiles.PROFILES` (``"a40"``, ``"a40-qwen2.5-3b"``,
+        …); also the config's ``hardware`` label, so the proxy's calibration starts
+        from this profile's datasheet constants.
+    step_time_factors : table of str to float
+        The engines' true step times: the profile's coefficients (``a0_s`` … ``b2_s``)
+        scaled by these (:func:`~fastroute.emulator.profiles.true_profile`). The
+        router is not told (it sees only the ``hardware`` label).
+    hardware : str
+        The label the router knows the engines by (the config's ``hardware``); default
+        (empty): ``profile``. A label naming no built-in profile (an operator's own,
+        ``"a40-48g"``) starts the proxy's marginal-cost calibration from the default
+        type's constants: the "unprofiled" start of experiment (h).
     model : str
         The served model name.
     region : str
@@ -72,10 +85,23 @@ class EngineGroup(msgspec.Struct, **_OPTS):
     model: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\s*\"]+$")]
     region: Name
     count: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
-    profile: Literal["h100", "a100", "a40", "l4"] = "a40"
+    profile: str = "a40"
+    step_time_factors: dict[str, float] = {}
+    hardware: Annotated[str, msgspec.Meta(max_length=64, pattern=r"^([A-Za-z0-9._-]+)?$")] = ""
     role: Literal["both", "prefill", "decode"] = "both"
     capacity_rps: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 256
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(
+                f"engine group {self.name!r}: unknown profile {self.profile!r}; "
+                f"one of {sorted(PROFILES)}"
+            )
+        try:
+            true_profile(PROFILES[self.profile], self.step_time_factors)
+        except ValueError as exc:
+            raise ValueError(f"engine group {self.name!r}: step_time_factors: {exc}") from None
 
 
 class FleetSpec(msgspec.Struct, **_OPTS):
@@ -102,8 +128,22 @@ class FleetSpec(msgspec.Struct, **_OPTS):
         return tuple(dict.fromkeys(g.model for g in self.groups))
 
     def capacity_rps(self, model: str | None = None) -> float:
-        """Σ nominal capacity of the engines (of ``model``), req/s."""
-        return sum(g.count * g.capacity_rps for g in self.groups if model in (None, g.model))
+        """Nominal capacity of the fleet (for ``model``), req/s.
+
+        Per model: Σ of its ``both`` engines plus, when it is served disaggregated, the
+        smaller of its prefill and decode pools' Σ (a request uses one engine of each;
+        the simulator's pool capacity, ``fastroute.sim.core``).
+        """
+        total = 0.0
+        for m in self.models:
+            if model not in (None, m):
+                continue
+            by_role = {"both": 0.0, "prefill": 0.0, "decode": 0.0}
+            for g in self.groups:
+                if g.model == m:
+                    by_role[g.role] += g.count * g.capacity_rps
+            total += by_role["both"] + min(by_role["prefill"], by_role["decode"])
+        return total
 
 
 class PlannedEngine(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,6 +159,13 @@ class PlannedEngine(msgspec.Struct, frozen=True, kw_only=True):
     port: int
     seed: int
     host: str = "127.0.0.1"
+    step_time_factors: dict[str, float] = {}
+    hardware: str = ""
+
+    @property
+    def hardware_label(self) -> str:
+        """What the router's config calls the engine's hardware (default: the profile)."""
+        return self.hardware or self.profile
 
     @property
     def url(self) -> str:
@@ -136,6 +183,8 @@ def plan_engines(fleet: FleetSpec, *, seed: int = 0) -> list[PlannedEngine]:
                     name=f"{group.name}-{i}",
                     model=group.model,
                     profile=group.profile,
+                    step_time_factors=dict(group.step_time_factors),
+                    hardware=group.hardware,
                     region=group.region,
                     role=group.role,
                     capacity_rps=group.capacity_rps,
@@ -190,6 +239,7 @@ def _specs(engines: list[PlannedEngine]) -> list:
             name=e.name,
             model_name=e.model,
             profile=e.profile,
+            step_time_factors=dict(e.step_time_factors),
             role=e.role,
             region=e.region,
             seed=e.seed,

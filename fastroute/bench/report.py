@@ -11,10 +11,17 @@ from typing import Any
 
 import msgspec
 
-from fastroute.bench.runner import RouterResult
+from fastroute.bench.runner import RouterResult, target_rps
 from fastroute.bench.spec import BenchSpec
 
-__all__ = ["machine_description", "markdown_report", "write_json", "write_plots"]
+__all__ = [
+    "machine_description",
+    "markdown_report",
+    "goodput_table",
+    "aggregate_report",
+    "write_json",
+    "write_plots",
+]
 
 
 def _cpu_model() -> str:
@@ -74,12 +81,22 @@ def markdown_report(
     """The results as markdown: machine and command, the main table, per-engine shares."""
     m = machine
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
-    mode = (
-        f"open loop at {spec.load:g} × nominal capacity "
-        f"({spec.load * spec.fleet.capacity_rps():.1f} req/s)"
-        if spec.load is not None
-        else f"closed loop, {spec.concurrency} sessions"
-    )
+    if spec.replay is not None:
+        mode = (
+            "trace replay ("
+            + ", ".join(f"{c.name} {c.share:g}" for c in spec.replay.components)
+            + f"; bursts {spec.replay.burst_factor:g}× for {spec.replay.burst_s:g} s of every "
+            f"{spec.replay.burst_every_s:g} s), open loop at {target_rps(spec):.2f} req/s mean"
+        )
+        if spec.load is not None:
+            mode += f" ({spec.load:g} × nominal capacity)"
+    elif spec.load is not None:
+        mode = (
+            f"open loop at {spec.load:g} × nominal capacity "
+            f"({spec.load * spec.fleet.capacity_rps():.1f} req/s)"
+        )
+    else:
+        mode = f"closed loop, {spec.concurrency} sessions"
     lines = [
         f"## Fleet benchmark: {spec.name}",
         "",
@@ -115,6 +132,7 @@ def markdown_report(
             f"| {_num(r.router_cpu_us_per_request, 0)} | {_num(r.router_cpu_us_per_token, 1)} "
             f"| {_num(r.router_peak_rss_mb, 0)} | {_num(r.overhead_added_p50_ms, 2)} |"
         )
+    lines += ["", *goodput_table(results)]
     engines = sorted({e for r in results for e in r.engine_share})
     if engines:
         lines += [
@@ -135,6 +153,68 @@ def markdown_report(
     notes = [f"- {r.router}: {r.detail}" for r in results if r.detail and r.status == "ok"]
     if notes:
         lines += ["", "Notes:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def _count_429(errors: dict[str, int]) -> int:
+    return errors.get("http_429", 0)
+
+
+def goodput_table(results: Sequence[RouterResult]) -> list[str]:
+    """Per router: goodput (SLO attainment; 429s, errors and cut-off requests count as
+    misses), p99 TTFT and TBOT, requests sent, 429s (the proxy's early SLO rejections
+    and engine queue-full answers) and other errors, as markdown lines."""
+    lines = [
+        "Goodput (share of requests sent meeting both SLOs; 429s and errors are misses):",
+        "",
+        "| router | goodput | TTFT p99 ms | TBOT p99 ms | sent | 429 | other errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        s = r.summary
+        if s is None:
+            lines.append(f"| {r.router} | {r.status} | — | — | — | — | — |")
+            continue
+        n429 = _count_429(s.errors)
+        other = sum(s.errors.values()) - n429
+        lines.append(
+            f"| {r.router} | {_num(s.slo_attainment, 3)} | {_ms(s.ttft.p99_s)} "
+            f"| {_ms(s.tbot.p99_s, 1)} | {s.requests} | {n429} | {other} |"
+        )
+    return lines
+
+
+def aggregate_report(runs: Sequence[tuple[BenchSpec, Sequence[RouterResult]]], command: str) -> str:
+    """One goodput table over several specs: a row per spec, a column per router.
+
+    A cell is the SLO attainment (share of requests sent meeting both SLOs), then the
+    429s among the requests sent, or the router's status when it did not run.
+    """
+    routers = list(dict.fromkeys(r.router for _, results in runs for r in results))
+    lines = [
+        "## Fleet benchmark: goodput per spec and router",
+        "",
+        f"Command: `{command}`",
+        "",
+        "Goodput = share of requests sent meeting both SLOs (429s, errors and requests cut "
+        "at the drain count as misses); in brackets: 429s / requests sent.",
+        "",
+        "| spec | " + " | ".join(routers) + " |",
+        "|---|" + "---|" * len(routers),
+    ]
+    for spec, results in runs:
+        by = {r.router: r for r in results}
+        cells = []
+        for name in routers:
+            r = by.get(name)
+            if r is None:
+                cells.append("")
+            elif r.summary is None:
+                cells.append(r.status)
+            else:
+                s = r.summary
+                cells.append(f"{_num(s.slo_attainment, 3)} ({_count_429(s.errors)}/{s.requests})")
+        lines.append(f"| {spec.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

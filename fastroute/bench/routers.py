@@ -7,6 +7,8 @@ name                      what runs
 ``fastroute:<policy>``    the same with ``policy.default = <policy>``
 ``sglang:<policy>``       ``python -m sglang_router.launch_router --policy <policy>``
 ``vllm-router:<policy>``  ``vllm-router --policy <policy>`` (PyPI ``vllm-router``)
+a variant's name          fastroute with a ``[fastroute_variants]`` entry's policy and
+                          ``[policy.params.<policy>]``
 any other                 a ``[router_commands]`` template of the spec
 ========================  =============================================================
 
@@ -25,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastroute.bench.spec import RouterCommand
+from fastroute.bench.spec import FastrouteVariant, RouterCommand
 
 __all__ = ["RouterPlan", "resolve_router", "expand_command", "BUILTIN_TEMPLATES"]
 
@@ -65,6 +67,10 @@ class RouterPlan:
         For ``command`` routers.
     unavailable : str or None
         Why it cannot run here (module missing, program not found), else None.
+    params : mapping or None
+        fastroute's ``[policy.params.<policy>]`` (a variant's tunables).
+    hardware : str or None
+        A variant's ``hardware`` label for every engine of the config.
     """
 
     name: str
@@ -72,6 +78,8 @@ class RouterPlan:
     policy: str | None = None
     template: RouterCommand | None = None
     unavailable: str | None = None
+    params: Mapping[str, bool | int | float | str] | None = None
+    hardware: str | None = None
 
 
 def _find_executable(name: str) -> str | None:
@@ -89,8 +97,12 @@ def _check(template: RouterCommand) -> str | None:
     return None
 
 
-def resolve_router(name: str, custom: Mapping[str, RouterCommand]) -> RouterPlan:
-    """Resolve a spec's router name.
+def resolve_router(
+    name: str,
+    custom: Mapping[str, RouterCommand],
+    variants: Mapping[str, FastrouteVariant] | None = None,
+) -> RouterPlan:
+    """Resolve a spec's router name (``variants``: the spec's ``[fastroute_variants]``).
 
     Raises
     ------
@@ -99,6 +111,12 @@ def resolve_router(name: str, custom: Mapping[str, RouterCommand]) -> RouterPlan
     """
     from fastroute.config import POLICY_NAMES
 
+    if variants and name in variants:
+        variant = variants[name]
+        return RouterPlan(
+            name, "fastroute", variant.policy, params=dict(variant.params),
+            hardware=variant.hardware or None,
+        )  # fmt: skip
     if name in custom:
         return RouterPlan(name, "command", None, custom[name], _check(custom[name]))
     base, _, policy = name.partition(":")
@@ -112,7 +130,10 @@ def resolve_router(name: str, custom: Mapping[str, RouterCommand]) -> RouterPlan
             raise ValueError(f"router {name!r}: give a policy, e.g. {base}:round_robin")
         template = BUILTIN_TEMPLATES[base]
         return RouterPlan(name, "command", policy, template, _check(template))
-    known = ["fastroute[:policy]", *(f"{b}:policy" for b in BUILTIN_TEMPLATES), *custom]
+    known = [
+        "fastroute[:policy]", *(f"{b}:policy" for b in BUILTIN_TEMPLATES), *(variants or {}),
+        *custom,
+    ]  # fmt: skip
     raise ValueError(f"unknown router {name!r}; known: {', '.join(known)}")
 
 

@@ -44,7 +44,7 @@ from fastroute.bench.stack import start_fleet as _start_fleet
 from fastroute.loadgen import DriveOptions, LoadDriver, RunSummary, summarize
 from fastroute.loadgen.summary import LatencySummary
 
-__all__ = ["RouterResult", "run_bench", "build_workload", "probe_sessions"]
+__all__ = ["RouterResult", "run_bench", "build_workload", "build_sessions", "probe_sessions"]
 
 #: How often the watcher checks that the router is still running, seconds.
 WATCH_INTERVAL_S = 0.5
@@ -83,7 +83,7 @@ def build_workload(spec: BenchSpec) -> Any:
     """
     from fastroute.workload import ChatWorkload, generate_sessions
 
-    workload = ChatWorkload.from_dict(spec.workload)
+    workload = ChatWorkload.from_dict(spec.workload or {})
     if spec.load is None:
         return workload
     probe = msgspec.structs.replace(workload, rate_sessions_per_s=1.0)
@@ -91,6 +91,44 @@ def build_workload(spec: BenchSpec) -> Any:
     turns = sum(len(s.turns) for s in sample) / max(1, len(sample))
     target_rps = spec.load * spec.fleet.capacity_rps()
     return msgspec.structs.replace(workload, rate_sessions_per_s=target_rps / turns)
+
+
+def build_sessions(spec: BenchSpec) -> tuple[list[Any], list[str], str]:
+    """The spec's sessions (identical for every router), their sources and a description.
+
+    From ``[replay]`` (:mod:`fastroute.bench.replay`) or ``[workload]``.
+    """
+    if spec.replay is not None:
+        from fastroute.bench.replay import replay_rate_rps, replay_sessions, replay_sources
+
+        sessions = replay_sessions(spec)
+        sources = list(replay_sources(spec))
+        shares = ", ".join(f"{c.name} {c.share:g}" for c in spec.replay.components)
+        return sessions, sources, (
+            f"replay: {len(sessions)} requests ({shares}) at {replay_rate_rps(spec):.3f} req/s "
+            f"mean, bursts {spec.replay.burst_factor:g}× for {spec.replay.burst_s:g} s of "
+            f"every {spec.replay.burst_every_s:g} s, from {', '.join(sources)}"
+        )  # fmt: skip
+    from fastroute.workload import generate_sessions
+
+    workload = build_workload(spec)
+    sessions = generate_sessions(
+        workload, duration_s=spec.warmup_s + spec.duration_s, seed=spec.seed
+    )
+    sources = [s.name for s in workload.sources]
+    return sessions, sources, (
+        f"workload: {len(sessions)} sessions, {sum(len(s.turns) for s in sessions)} turns, "
+        f"{workload.rate_sessions_per_s:.3f} sessions/s from {', '.join(sources)}"
+    )  # fmt: skip
+
+
+def target_rps(spec: BenchSpec) -> float | None:
+    """The offered request rate the spec asks for (None in closed loop)."""
+    if spec.replay is not None:
+        from fastroute.bench.replay import replay_rate_rps
+
+        return replay_rate_rps(spec)
+    return None if spec.load is None else spec.load * spec.fleet.capacity_rps()
 
 
 def probe_sessions(sources: Sequence[str], model: str, n: int, tag: str) -> list[Any]:
@@ -161,7 +199,8 @@ async def _start_router(
         slo = {m: (spec.slo.ttft_s, spec.slo.tbot_s) for m in spec.fleet.models}
         stack = FastrouteStack(
             procs, spec.fleet, engines, sources, run_dir, prefix,
-            policy=plan.policy or "weighted-hrw", period_s=spec.controller_period_s, slo_s=slo,
+            policy=plan.policy or "weighted-hrw", policy_params=plan.params, hardware=plan.hardware,
+            period_s=spec.controller_period_s, controller_enabled=spec.controller, slo_s=slo,
         )  # fmt: skip
         urls = await stack.start()
         for source, url in urls.items():
@@ -320,8 +359,7 @@ async def run_router(
         )  # fmt: skip
         result.summary = summary
         result.offered_rps = summary.requests / spec.duration_s
-        if spec.load is not None:
-            result.target_rps = spec.load * spec.fleet.capacity_rps()
+        result.target_rps = target_rps(spec)
         _engine_figures(result, start["engines"], after)
         cpu0 = start["cpu"]
         by_process = {name: max(0.0, cpu1[name] - cpu0[name]) for name in cpu1}
@@ -371,18 +409,12 @@ async def run_bench(
     records_out: dict[str, list[Any]] | None = None,
 ) -> list[RouterResult]:
     """Run ``spec`` through each router (``routers`` overrides the spec's list)."""
-    from fastroute.workload import generate_sessions
-
-    plans = [resolve_router(name, spec.router_commands) for name in (routers or spec.routers)]
-    workload = build_workload(spec)
-    sessions = generate_sessions(
-        workload, duration_s=spec.warmup_s + spec.duration_s, seed=spec.seed
-    )
-    sources = [s.name for s in workload.sources]
-    say(
-        f"workload: {len(sessions)} sessions, {sum(len(s.turns) for s in sessions)} turns, "
-        f"{workload.rate_sessions_per_s:.3f} sessions/s from {', '.join(sources)}"
-    )
+    plans = [
+        resolve_router(name, spec.router_commands, spec.fastroute_variants)
+        for name in (routers or spec.routers)
+    ]
+    sessions, sources, description = build_sessions(spec)
+    say(description)
     results = []
     for plan in plans:
         say(f"[{plan.name}] starting …")

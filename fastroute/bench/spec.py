@@ -32,8 +32,19 @@ Example (``examples/bench/`` has complete ones)::
     set = { slowdown = 3.0 }
 
 Routers are named ``fastroute`` or ``fastroute:<policy>``, ``sglang:<policy>``,
-``vllm-router:<policy>``, or a key of ``[router_commands]`` (a command template, see
-:mod:`fastroute.bench.routers`).
+``vllm-router:<policy>``, a key of ``[fastroute_variants]`` (fastroute with a policy and
+its ``[policy.params.<policy>]``), or a key of ``[router_commands]`` (a command template,
+see :mod:`fastroute.bench.routers`)::
+
+    routers = ["fastroute:round-robin", "mc-cal"]
+    [fastroute_variants.mc-cal]
+    policy = "marginal-cost"
+    params = { calibrate = true, infeasible = "reject" }
+
+Instead of ``[workload]`` a spec may replay traces: ``[replay]`` takes the fields of the
+simulator's :class:`fastroute.sim.replay.ReplayMix` (trace paths relative to the spec
+file); its requests are single-turn, open loop, at ``load × capacity`` when ``load`` is
+given, else at the replay's own ``rate_rps``.
 """
 
 from __future__ import annotations
@@ -45,9 +56,18 @@ from typing import Annotated, Any
 import msgspec
 
 from fastroute.bench.fleet import FleetSpec
-from fastroute.config import ControllerConfig
+from fastroute.config import ControllerConfig, PolicyName
+from fastroute.sim.replay import ReplayMix
 
-__all__ = ["SloSpec", "FaultSpec", "RouterCommand", "BenchSpec", "load_spec", "BenchSpecError"]
+__all__ = [
+    "SloSpec",
+    "FaultSpec",
+    "RouterCommand",
+    "FastrouteVariant",
+    "BenchSpec",
+    "load_spec",
+    "BenchSpecError",
+]
 
 _OPTS: dict[str, Any] = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True}
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -98,6 +118,28 @@ class RouterCommand(msgspec.Struct, **_OPTS):
     requires_executable: str | None = None
 
 
+class FastrouteVariant(msgspec.Struct, **_OPTS):
+    """fastroute with a chosen policy and tunables (a router of ``[fastroute_variants]``).
+
+    Attributes
+    ----------
+    policy : str
+        ``policy.default`` of the proxies.
+    params : table
+        Rendered as ``[policy.params.<policy>]`` (``fastroute.policy.make_policy``'s
+        keyword tunables; checked when the spec is loaded).
+    hardware : str
+        If set, the ``hardware`` label of every engine in this router's config (the
+        engines still run their profiles): e.g. ``"a40-48g"``, a label naming no built-in
+        profile, so marginal cost starts from the default type's constants — the
+        "unprofiled" start of experiment (h), side by side with the profiled one.
+    """
+
+    policy: PolicyName
+    params: dict[str, bool | int | float | str] = {}
+    hardware: Annotated[str, msgspec.Meta(max_length=64, pattern=r"^([A-Za-z0-9._-]+)?$")] = ""
+
+
 class BenchSpec(msgspec.Struct, **_OPTS):
     """A benchmark: one fleet and one workload, run through each router in turn.
 
@@ -137,14 +179,24 @@ class BenchSpec(msgspec.Struct, **_OPTS):
     controller_period_s : float
         fastroute controller period; default: the controller's own default
         (``[controller] period_s``), so the benchmark runs fastroute as deployed.
+    controller : bool
+        Run fastroute's controller (default). Off: the proxies alone, on their config's
+        capacity weights, never shedding (the simulator's ``optimiser = "static"``).
     slo : SloSpec
     fleet : FleetSpec
-    workload : table
+    workload : table, optional
         ``fastroute.workload.ChatWorkload`` fields; ``rate_sessions_per_s`` is computed
         from ``load`` when ``load`` is set.
+    replay : ReplayMix, optional
+        Trace replay instead of ``workload`` (exactly one of the two).
     faults : tuple of FaultSpec
     router_commands : table of RouterCommand
         Custom routers by name.
+    fastroute_variants : table of FastrouteVariant
+        fastroute routers with their own policy and tunables, by name.
+    base_dir : str
+        Directory relative trace paths start from (the spec file's, set by
+        :func:`load_spec`).
     """
 
     name: str
@@ -164,10 +216,14 @@ class BenchSpec(msgspec.Struct, **_OPTS):
     request_timeout_s: Positive = 60.0
     overhead_requests: Annotated[int, msgspec.Meta(ge=0)] = 30
     controller_period_s: Positive = _DEFAULT_PERIOD_S
+    controller: bool = True
     slo: SloSpec = SloSpec()
-    workload: dict[str, Any] = {}
+    workload: dict[str, Any] | None = None
+    replay: ReplayMix | None = None
     faults: tuple[FaultSpec, ...] = ()
     router_commands: dict[str, RouterCommand] = {}
+    fastroute_variants: dict[str, FastrouteVariant] = {}
+    base_dir: str = ""
 
 
 def load_spec(path: str | Path) -> BenchSpec:
@@ -177,21 +233,40 @@ def load_spec(path: str | Path) -> BenchSpec:
     ------
     BenchSpecError
         Unreadable, not TOML, wrong types or unknown keys (with msgspec's JSON path),
-        or inconsistent: workload sources that are not fleet regions, faults on unknown
-        engines, both or neither of ``load`` and ``concurrency``.
+        or inconsistent: both or neither of ``[workload]`` and ``[replay]``, workload
+        sources that are not fleet regions, models served by no engine, faults on
+        unknown engines, both or neither of ``load`` and ``concurrency`` (a replay is
+        open loop: ``load`` optional, no ``concurrency``), variant tunables the policy
+        does not take, a variant named like another router.
     """
-    from fastroute.workload import ChatWorkload, WorkloadError
-
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
+        data.setdefault("base_dir", str(path.resolve().parent))
         spec = msgspec.convert(data, BenchSpec)
     except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError, ValueError) as exc:
         raise BenchSpecError(f"{path}: {exc}") from None
+    if (spec.workload is None) == (spec.replay is None):
+        raise BenchSpecError(f"{path}: give exactly one of [workload] and [replay]")
+    if spec.replay is not None:
+        _check_replay(path, spec, spec.replay)
+    else:
+        _check_workload(path, spec, spec.workload or {})
+    names = {f"{g.name}-{i}" for g in spec.fleet.groups for i in range(g.count)}
+    for fault in spec.faults:
+        if fault.engine not in names:
+            raise BenchSpecError(f"{path}: fault on unknown engine {fault.engine!r}")
+    _check_variants(path, spec)
+    return spec
+
+
+def _check_workload(path: Path, spec: BenchSpec, table: dict[str, Any]) -> None:
+    from fastroute.workload import ChatWorkload, WorkloadError
+
     if (spec.load is None) == (spec.concurrency is None):
         raise BenchSpecError(f"{path}: give exactly one of `load` (open loop) and `concurrency`")
     try:
-        workload = ChatWorkload.from_dict(spec.workload)
+        workload = ChatWorkload.from_dict(table)
     except WorkloadError as exc:
         raise BenchSpecError(f"{path}: [workload]: {exc}") from None
     regions = {r.name for r in spec.fleet.regions}
@@ -204,8 +279,39 @@ def load_spec(path: str | Path) -> BenchSpec:
     for model in workload.models:
         if model.name not in served:
             raise BenchSpecError(f"{path}: workload model {model.name!r} is served by no engine")
-    names = {f"{g.name}-{i}" for g in spec.fleet.groups for i in range(g.count)}
-    for fault in spec.faults:
-        if fault.engine not in names:
-            raise BenchSpecError(f"{path}: fault on unknown engine {fault.engine!r}")
-    return spec
+
+
+def _check_replay(path: Path, spec: BenchSpec, mix: ReplayMix) -> None:
+    from fastroute.workload import WorkloadError
+
+    if spec.concurrency is not None:
+        raise BenchSpecError(f"{path}: [replay] is open loop: remove `concurrency`")
+    try:
+        mix.check()
+    except WorkloadError as exc:
+        raise BenchSpecError(f"{path}: [replay]: {exc}") from None
+    if mix.model not in spec.fleet.models:
+        raise BenchSpecError(f"{path}: replay model {mix.model!r} is served by no engine")
+    for comp in mix.components:
+        trace = Path(comp.path)
+        if not trace.is_absolute():
+            trace = Path(spec.base_dir) / trace
+        if not trace.is_file():
+            raise BenchSpecError(
+                f"{path}: replay component {comp.name!r}: trace file not found: {trace}"
+            )
+
+
+def _check_variants(path: Path, spec: BenchSpec) -> None:
+    from fastroute.policy import PolicyConfigError, make_policy
+
+    for name, variant in spec.fastroute_variants.items():
+        reserved = ("fastroute", "sglang", "vllm-router")  # prefixes of the built-in routers
+        if name in spec.router_commands or name.partition(":")[0] in reserved:
+            raise BenchSpecError(
+                f"{path}: fastroute variant {name!r}: name taken by another router"
+            )
+        try:
+            make_policy(variant.policy, **variant.params)
+        except (PolicyConfigError, TypeError, ValueError) as exc:
+            raise BenchSpecError(f"{path}: fastroute variant {name!r}: {exc}") from None

@@ -78,8 +78,16 @@ class FastrouteStack:
         Run-unique prefix of the table and stats-block names.
     policy : str
         ``policy.default`` of the proxies.
+    policy_params : mapping, optional
+        Its ``[policy.params.<policy>]``.
+    hardware : str, optional
+        The ``hardware`` label of every engine in the configs (default: their own).
     period_s : float
         Controller period.
+    controller_enabled : bool
+        Run the controller (its LP weights and shed fractions reach the proxies). Off:
+        no controller; the proxies route on their config's capacity weights and never
+        shed (the simulator's ``optimiser = "static"``).
     slo_s : mapping, optional
         Model → (TTFT, TBOT) SLO seconds (config classes).
     log_level : str
@@ -93,7 +101,10 @@ class FastrouteStack:
     run_dir: Path
     shm_prefix: str
     policy: str = "weighted-hrw"
+    policy_params: Mapping[str, bool | int | float | str] | None = None
+    hardware: str | None = None
     period_s: float = 5.0
+    controller_enabled: bool = True
     slo_s: Mapping[str, tuple[float, float]] | None = None
     log_level: str = "WARNING"
     controller: ManagedProcess | None = None
@@ -111,7 +122,8 @@ class FastrouteStack:
         return [sys.executable, "-m", "fastroute", "--log-level", self.log_level, *args]
 
     async def start(self) -> dict[str, str]:
-        """Write the configs, start the controller then the proxies; return source → URL.
+        """Write the configs, start the controller (if enabled) then the proxies; return
+        source → URL.
 
         The controller starts first and must publish before any proxy starts: a proxy's
         weights puller would otherwise take the table's writer lock.
@@ -123,7 +135,8 @@ class FastrouteStack:
                     f"source cluster {source!r} is not a fleet region {sorted(regions)}"
                 )
         controller_port = free_port()
-        self.controller_url = f"http://127.0.0.1:{controller_port}"
+        if self.controller_enabled:
+            self.controller_url = f"http://127.0.0.1:{controller_port}"
         for index, source in enumerate(self.sources):
             settings = ProxySettings(source, free_port(), f"{self.shm_prefix}-stats-{index}")
             text = render_config(
@@ -132,8 +145,10 @@ class FastrouteStack:
                 settings,
                 table_name=self.table_name,
                 controller_port=controller_port,
-                controller_url=self.controller_url,
+                controller_url=self.controller_url or None,
                 policy=self.policy,
+                policy_params=self.policy_params,
+                hardware=self.hardware,
                 period_s=self.period_s,
                 slo_s=self.slo_s,
             )
@@ -141,13 +156,14 @@ class FastrouteStack:
             path.write_text(text)
             self.config_paths[source] = path
             self.proxy_urls[source] = f"http://127.0.0.1:{settings.port}"
-        first = self.config_paths[self.sources[0]]
-        self.controller = self.procs.start(
-            "controller", self._cmd("controller", "--config", str(first))
-        )
-        await wait_http_ok(
-            self.controller_url + "/health", timeout_s=READY_TIMEOUT_S, process=self.controller
-        )
+        if self.controller_enabled:
+            first = self.config_paths[self.sources[0]]
+            self.controller = self.procs.start(
+                "controller", self._cmd("controller", "--config", str(first))
+            )
+            await wait_http_ok(
+                self.controller_url + "/health", timeout_s=READY_TIMEOUT_S, process=self.controller
+            )
         for source in self.sources:
             self.proxies[source] = self.procs.start(
                 f"proxy-{source}", self._cmd("serve", "--config", str(self.config_paths[source]))

@@ -11,7 +11,7 @@ import asyncio
 import signal
 import sys
 
-__all__ = ["add_arguments", "run", "serve_fleet"]
+__all__ = ["add_arguments", "run", "serve_fleet", "parse_step_time_factors"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
     parser.add_argument("--profile", default="a40", choices=sorted(PROFILES))
+    parser.add_argument(
+        "--step-time-factor", action="append", default=[], metavar="COEF=FACTOR",
+        help="run true step times: scale the profile's coefficient COEF (a0_s, a1_s, a2_s, "
+        "a3_s, b0_s, b1_s, b2_s) by FACTOR > 0; repeatable. The profile name is kept, so "
+        "routers configured with it start from the datasheet constants",
+    )  # fmt: skip
     parser.add_argument(
         "--model", default="meta-llama/Meta-Llama-3-8B-Instruct", help="served model name"
     )
@@ -57,6 +63,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--refuse-for-s", type=float, default=None,
         help="start with the listener closed for this long",
     )  # fmt: skip
+
+
+def parse_step_time_factors(items: list[str], profile: str) -> dict[str, float]:
+    """``["b0_s=1.5", ...]`` → ``{"b0_s": 1.5}``, checked against ``profile``.
+
+    Raises
+    ------
+    ValueError
+        Not ``COEF=FACTOR``, a repeated or unknown coefficient, or a factor that is
+        not a number > 0 (the message names the item).
+    """
+    from fastroute.emulator.profiles import get_profile, true_profile
+
+    factors: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        try:
+            if not sep or not key:
+                raise ValueError("expected COEF=FACTOR")
+            if key in factors:
+                raise ValueError(f"{key} given twice")
+            factors[key] = float(value)
+        except ValueError as exc:
+            raise ValueError(f"--step-time-factor {item!r}: {exc}") from None
+    try:
+        true_profile(get_profile(profile), factors)
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"--step-time-factor: {exc}") from None
+    return factors
 
 
 def _specs(args: argparse.Namespace) -> list:
@@ -92,6 +128,7 @@ def _specs(args: argparse.Namespace) -> list:
         seed=args.seed,
         model_name=args.model,
         profile=args.profile,
+        step_time_factors=parse_step_time_factors(args.step_time_factor, args.profile),
         role=args.role,
         region=args.region,
         host=args.host,

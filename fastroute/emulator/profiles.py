@@ -31,6 +31,7 @@ Llama-3-8B in bf16), rounded down to whole blocks of 16 tokens.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -334,7 +335,7 @@ def true_profile(profile: HardwareProfile, factors: Mapping[str, float]) -> Hard
             raise ValueError(
                 f"unknown step-time coefficient {key!r}; choose from {STEP_TIME_COEFFICIENTS}"
             )
-        if not f > 0:
-            raise ValueError(f"step-time factor {key} must be > 0, got {f}")
+        if not (f > 0 and math.isfinite(f)):
+            raise ValueError(f"step-time factor {key} must be a finite number > 0, got {f}")
         changes[key] = getattr(profile, key) * f
     return replace(profile, **changes)

@@ -33,6 +33,7 @@ import math
 import time
 import uuid
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,7 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
-from fastroute.emulator.profiles import get_profile
+from fastroute.emulator.profiles import get_profile, true_profile
 from fastroute.emulator.protocol import (
     SSE_DONE,
     ChunkEncoder,
@@ -104,7 +105,13 @@ class EngineSpec:
     model_name : str
         Served model name (``/v1/models``, the ``model`` field, metric label).
     profile : str
-        Hardware profile (:data:`~fastroute.emulator.profiles.PROFILES`).
+        Hardware profile (:data:`~fastroute.emulator.profiles.PROFILES`): the engine's
+        name for its hardware (``/metrics``), and its datasheet step times.
+    step_time_factors : mapping of str to float
+        The engine's *true* step times: the profile's coefficients scaled by these
+        (:func:`~fastroute.emulator.profiles.true_profile`; e.g. ``{"b0_s": 1.5}``).
+        The profile name is kept, so a router configured with it starts from the
+        datasheet constants while the engine runs the true ones.
     role : {"both", "prefill", "decode"}
         ``prefill`` engines refuse ``do_remote_prefill``; ``decode`` engines
         refuse ``do_remote_decode``; all serve plain requests.
@@ -131,6 +138,7 @@ class EngineSpec:
     name: str = "engine-0"
     model_name: str = DEFAULT_MODEL_NAME
     profile: str = "a40"
+    step_time_factors: Mapping[str, float] = field(default_factory=dict)
     role: str = "both"
     region: str = ""
     seed: int = 0
@@ -222,7 +230,7 @@ class EmulatedEngine:
         self.spec = spec
         self.name = spec.name
         self.engine_id = f"{spec.name}-{uuid.uuid4().hex[:12]}"
-        self.profile = get_profile(spec.profile)
+        self.profile = true_profile(get_profile(spec.profile), spec.step_time_factors)
         self.model = EngineModel(self.profile, spec.config, seed=spec.seed)
         self.faults = FaultController(spec.name, spec.faults, seed=spec.seed)
         self.model.slowdown = self.faults.state.slowdown
@@ -234,6 +242,9 @@ class EmulatedEngine:
             info={
                 "engine_name": spec.name,
                 "profile": self.profile.name,
+                "step_time_factors": ",".join(
+                    f"{k}={float(v):g}" for k, v in sorted(spec.step_time_factors.items())
+                ),
                 "role": spec.role,
                 "region": spec.region,
             },

@@ -14,15 +14,10 @@ them and has to calibrate.
 
 from __future__ import annotations
 
-from fastroute.emulator.profiles import (
-    STEP_TIME_COEFFICIENTS,
-    HardwareProfile,
-    get_profile,
-    true_profile,
-)
+from fastroute.emulator.profiles import HardwareProfile, get_profile, true_profile
 from fastroute.predict.step_time import NominalStepTimes
 
-__all__ = ["STEP_TIME_COEFFICIENTS", "sim_profile", "true_profile", "nominal_step_times"]
+__all__ = ["sim_profile", "true_profile", "nominal_step_times"]
 
 #: The profile of a name (the emulator's; ``KeyError`` lists the choices).
 sim_profile = get_profile

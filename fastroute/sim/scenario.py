@@ -18,7 +18,7 @@ from typing import Any, Literal
 import msgspec
 
 from fastroute.sim.metrics import Slo
-from fastroute.sim.profiles import STEP_TIME_COEFFICIENTS, sim_profile
+from fastroute.sim.profiles import sim_profile, true_profile
 from fastroute.sim.replay import ReplayComponent, ReplayMix
 from fastroute.workload import ChatWorkload, WorkloadError
 
@@ -374,12 +374,10 @@ def _check(s: Scenario, where: str) -> None:
             sim_profile(g.profile)
         except KeyError as exc:
             bad(f"engines {g.name!r}: {exc.args[0]}")
-        for key, f in g.step_time_factors.items():
-            if key not in STEP_TIME_COEFFICIENTS or not f > 0:
-                bad(
-                    f"engines {g.name!r}: step_time_factors {key!r} = {f}: keys must be "
-                    f"{STEP_TIME_COEFFICIENTS} and factors > 0"
-                )
+        try:
+            true_profile(sim_profile(g.profile), g.step_time_factors)
+        except (KeyError, ValueError) as exc:
+            bad(f"engines {g.name!r}: step_time_factors: {exc}")
     models = {g.model for g in s.engines}
     for src in s.workload.sources:
         if src.name not in regions:

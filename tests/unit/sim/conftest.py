@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fastroute.sim.scenario import Scenario, scenario_from_dict
+from fastroute.testing.traces import write_azure_csv
 
 
 def small(**overrides: Any) -> Scenario:
@@ -49,16 +49,6 @@ def small_scenario() -> Scenario:
 def small_factory():
     """``small(**overrides)``: the small scenario with top-level tables merged/replaced."""
     return small
-
-
-def write_azure_csv(path: Path, rows: int, *, gap_s: float, prompt: int, out: int) -> Path:
-    """An Azure-format trace: ``rows`` records ``gap_s`` apart, all of one shape."""
-    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
-    for i in range(rows):
-        t = i * gap_s
-        lines.append(f"2023-11-16 18:{int(t // 60):02d}:{t % 60:010.7f},{prompt},{out}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture

@@ -28,5 +28,5 @@ def test_true_profile_scales_only_the_named_coefficients():
     assert nominal_step_times(q).b0_s == q.b0_s
     with pytest.raises(ValueError, match="unknown step-time coefficient"):
         true_profile(q, {"c0_s": 2.0})
-    with pytest.raises(ValueError, match="must be > 0"):
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
         true_profile(q, {"a0_s": 0.0})

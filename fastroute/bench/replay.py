@@ -1,0 +1,56 @@
+"""A spec's ``[replay]``: the simulator's bursty trace mix, as sessions for the load driver.
+
+The sessions are :func:`fastroute.sim.replay.mixed_replay_sessions`' own (the same
+windows, rate and bursts as a simulator run with the same mix and seed), so the
+benchmark and the simulator replay identical requests. Each is one turn whose
+rendered chat prompt has the trace's prompt tokens under the emulator's 4-byte rule
+and whose ``max_tokens`` is the trace's output tokens; the driver sends
+``ignore_eos``, so the engines generate exactly that many.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from fastroute.bench.spec import BenchSpec
+    from fastroute.workload import Session
+
+__all__ = ["replay_rate_rps", "replay_sources", "replay_sessions"]
+
+
+def replay_rate_rps(spec: BenchSpec) -> float:
+    """Mean offered rate, req/s: ``load × capacity`` with ``load``, else ``rate_rps``."""
+    if spec.replay is None:
+        raise ValueError("the spec has no [replay]")
+    if spec.load is not None:
+        return spec.load * spec.fleet.capacity_rps(spec.replay.model)
+    return spec.replay.rate_rps
+
+
+def replay_sources(spec: BenchSpec) -> tuple[str, ...]:
+    """Source clusters of the replayed requests: every fleet region, round robin."""
+    return tuple(r.name for r in spec.fleet.regions)
+
+
+def replay_sessions(spec: BenchSpec) -> list[Session]:
+    """The sessions sent during ``warmup_s + duration_s``, sorted by start time.
+
+    Raises
+    ------
+    fastroute.workload.WorkloadError
+        A trace is missing, malformed or too short for the window.
+    """
+    from fastroute.sim.replay import mixed_replay_sessions
+
+    assert spec.replay is not None
+    mix = msgspec.structs.replace(spec.replay, rate_rps=replay_rate_rps(spec))
+    return mixed_replay_sessions(
+        mix,
+        duration_s=spec.warmup_s + spec.duration_s,
+        sources=replay_sources(spec),
+        seed=spec.seed,
+        base_dir=spec.base_dir,
+    )

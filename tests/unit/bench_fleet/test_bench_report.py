@@ -1,0 +1,60 @@
+"""The goodput tables of the report: per router, and per spec × router for several specs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from bench_specs import write_pd_spec
+
+from fastroute.bench import cli
+from fastroute.bench.report import aggregate_report, goodput_table
+from fastroute.bench.runner import RouterResult
+from fastroute.bench.spec import load_spec
+from fastroute.loadgen.records import RequestRecord
+from fastroute.loadgen.summary import summarize
+
+
+def _record(i: int, ttft_s: float | None, error: str | None = None) -> RequestRecord:
+    return RequestRecord(
+        session_id=f"s{i}", tenant="t", source="local", model="m", turn=0, sent_at_s=float(i),
+        status=200 if error is None else 429, error=error, ttft_s=ttft_s,
+        tbot_s=None if error else 0.02, e2e_s=None if error else 1.0, output_tokens=5,
+    )  # fmt: skip
+
+
+def _result(name: str) -> RouterResult:
+    records = [_record(0, 0.1), _record(1, 0.1), _record(2, 0.3), _record(3, None, "http_429")]
+    records.append(_record(4, None, "deadline"))
+    summary = summarize(records, 10.0, ttft_slo_s=0.175, tbot_slo_s=0.0397)
+    return RouterResult(router=name, status="ok", summary=summary)
+
+
+def test_goodput_counts_429s_and_errors_as_misses() -> None:
+    lines = goodput_table([_result("mc"), RouterResult(router="lh", status="unavailable")])
+    assert "| mc | 0.400 | " in lines[4]  # 2 of 5 sent meet both SLOs
+    assert lines[4].endswith("| 5 | 1 | 1 |")  # sent, 429, other errors
+    assert lines[5] == "| lh | unavailable | — | — | — | — | — |"
+
+
+def test_the_aggregate_has_a_row_per_spec_and_a_column_per_router(tmp_path: Path) -> None:
+    spec = load_spec(write_pd_spec(tmp_path))
+    text = aggregate_report(
+        [(spec, [_result("rr"), _result("mc")]), (spec, [_result("mc")])], "fastroute bench x"
+    )
+    assert "| spec | rr | mc |" in text
+    assert "| pd-tiny | 0.400 (1/5) | 0.400 (1/5) |" in text
+    assert "| pd-tiny |  | 0.400 (1/5) |" in text
+
+
+def test_specs_sharing_a_name_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(write_pd_spec(tmp_path))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["fleet", path, path, "--out", str(tmp_path / "out")])
+    assert cli.run(args) == 2
+    assert "several specs share a name" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,105 @@
+"""fastroute variants as routers: resolution, the rendered policy params, no-controller configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastroute.bench.configgen import ProxySettings, render_config
+from fastroute.bench.fleet import EngineGroup, FleetSpec, RegionSpec, plan_engines
+from fastroute.bench.routers import resolve_router
+from fastroute.bench.spec import FastrouteVariant
+from fastroute.config import decode_config
+
+VARIANTS = {
+    "mc-uncal": FastrouteVariant(
+        policy="marginal-cost", params={"calibrate": False, "infeasible": "reject"}
+    ),
+    "mc-cal": FastrouteVariant(policy="marginal-cost", params={"calibrate": True}),
+}
+FLEET = FleetSpec(
+    regions=(RegionSpec(name="local"),),
+    groups=(
+        EngineGroup(name="p", model="qwen2.5-3b", region="local", role="prefill",
+                    profile="a40-qwen2.5-3b", step_time_factors={"b0_s": 1.5}),
+        EngineGroup(name="d", model="qwen2.5-3b", region="local", role="decode",
+                    profile="a40-qwen2.5-3b", count=2),
+    ),
+)  # fmt: skip
+
+
+def test_variant_names_resolve_to_fastroute_with_params() -> None:
+    plan = resolve_router("mc-uncal", {}, VARIANTS)
+    assert (plan.kind, plan.policy, plan.unavailable) == ("fastroute", "marginal-cost", None)
+    assert plan.params == {"calibrate": False, "infeasible": "reject"}
+    assert resolve_router("fastroute:least-request", {}, VARIANTS).params is None
+    with pytest.raises(ValueError, match="known: .*mc-uncal, mc-cal"):
+        resolve_router("mc-fast", {}, VARIANTS)
+
+
+def test_every_policy_is_a_fastroute_router_and_unknown_ones_are_refused() -> None:
+    plan = resolve_router("fastroute:length-heuristic", {})
+    assert (plan.kind, plan.policy, plan.unavailable) == ("fastroute", "length-heuristic", None)
+    with pytest.raises(ValueError, match="unknown fastroute policy"):
+        resolve_router("fastroute:fastest", {})
+
+
+@pytest.mark.parametrize("name", ["mc-uncal", "mc-cal"])
+def test_the_config_carries_the_variants_params_and_the_datasheet_profile(name: str) -> None:
+    engines = plan_engines(FLEET)
+    plan = resolve_router(name, {}, VARIANTS)
+    text = render_config(
+        FLEET, engines, ProxySettings("local", 8080, "fastroute-test-stats"),
+        table_name="fastroute-test-w", controller_port=8090, policy=plan.policy or "",
+        policy_params=plan.params, slo_s={"qwen2.5-3b": (0.175, 0.0397)},
+    )  # fmt: skip
+    config = decode_config(text, source="test")
+    assert config.policy.default == "marginal-cost"
+    assert config.policy.params == {"marginal-cost": dict(VARIANTS[name].params)}
+    assert {e.hardware for e in config.engines} == {"a40-qwen2.5-3b"}  # not told the factors
+    assert [e.role for e in config.engines] == ["prefill", "decode", "decode"]
+    (cls,) = config.classes
+    assert (cls.ttft_slo_s, cls.tbot_slo_s) == (0.175, 0.0397)
+    assert config.proxy.controller_url is None
+
+
+def test_a_controller_url_is_rendered_only_when_given() -> None:
+    engines = plan_engines(FLEET)
+    text = render_config(
+        FLEET, engines, ProxySettings("local", 8080, "fastroute-test-stats"),
+        table_name="fastroute-test-w", controller_port=8090,
+        controller_url="http://127.0.0.1:8090",
+    )  # fmt: skip
+    config = decode_config(text, source="test")
+    assert config.proxy.controller_url == "http://127.0.0.1:8090"
+    assert config.policy.params == {}
+
+
+def test_a_hardware_label_replaces_the_profile_name_in_the_config() -> None:
+    """The "unprofiled" start: the router knows the engines by an operator's label."""
+    groups = tuple(
+        EngineGroup(name=g.name, model=g.model, region=g.region, role=g.role, count=g.count,
+                    profile=g.profile, step_time_factors=g.step_time_factors, hardware="a40-48g")
+        for g in FLEET.groups
+    )  # fmt: skip
+    fleet = FleetSpec(regions=FLEET.regions, groups=groups)
+    engines = plan_engines(fleet)
+    assert {e.profile for e in engines} == {"a40-qwen2.5-3b"}  # the engines run the profile
+    text = render_config(
+        fleet, engines, ProxySettings("local", 8080, "fastroute-test-stats"),
+        table_name="fastroute-test-w", controller_port=8090,
+    )  # fmt: skip
+    assert {e.hardware for e in decode_config(text, source="test").engines} == {"a40-48g"}
+
+
+def test_a_variants_hardware_label_applies_to_every_engine_of_its_config() -> None:
+    variants = {"unprof": FastrouteVariant(policy="marginal-cost", hardware="a40-48g")}
+    plan = resolve_router("unprof", {}, variants)
+    assert plan.hardware == "a40-48g" and resolve_router("mc-cal", {}, VARIANTS).hardware is None
+    text = render_config(
+        FLEET, plan_engines(FLEET), ProxySettings("local", 8080, "fastroute-test-stats"),
+        table_name="fastroute-test-w", controller_port=8090, policy="marginal-cost",
+        hardware=plan.hardware,
+    )  # fmt: skip
+    config = decode_config(text, source="test")
+    assert {e.hardware for e in config.engines} == {"a40-48g"}
+    assert "a40-48g" in config.hardware_classes and "a40" in config.hardware_classes
