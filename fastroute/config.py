@@ -99,6 +99,7 @@ PolicyName = Literal[
     "consistent-hash",
     "cache-aware",
     "marginal-cost",
+    "length-heuristic",
 ]
 POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
 
@@ -344,7 +345,8 @@ class PolicyConfig(_Section):
     default : str
         Policy for classes without their own: ``weighted-hrw`` (weighted rendezvous
         hashing over the controller's LP weights), ``round-robin``, ``least-request``,
-        ``power-of-two``, ``consistent-hash``, ``cache-aware`` or ``marginal-cost``.
+        ``power-of-two``, ``consistent-hash``, ``cache-aware``, ``marginal-cost`` or
+        ``length-heuristic`` (long prompts by in-flight prompt tokens, short ones by count).
     top_k : int
         Length of the candidate ranking the pick returns: failover order for the retry
         and the candidate set of the marginal-cost refinement.

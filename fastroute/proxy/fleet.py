@@ -342,6 +342,9 @@ class Fleet:
         self.in_flight = InFlightCounts(self.stats)
         #: This worker's own in-flight counts and the ``max_concurrency`` caps.
         self.caps = ConcurrencyCaps([e.max_concurrency for e in self.engines])
+        #: Prompt tokens of this worker's attempts in flight per engine (token-weighted
+        #: policies: ``length-heuristic``, ``weighted-hrw`` with ``load = "tokens"``).
+        self.tokens_in_flight = np.zeros(len(self.engines), dtype=np.float64)
         self._masks: dict[tuple[frozenset[str], str | None], np.ndarray] = {}
         # Eligibility masks by (row, id(request mask)) -> (request mask, mask), valid for
         # one (state, outlier version); the request mask is kept so its id stays unique.
@@ -358,15 +361,18 @@ class Fleet:
         """Number of engines."""
         return len(self.engines)
 
-    def attempt_started(self, index: int) -> None:
-        """An attempt was sent to engine ``index``: in-flight + 1."""
+    def attempt_started(self, index: int, prompt_tokens: int = 0) -> None:
+        """An attempt of ``prompt_tokens`` was sent to engine ``index``: in-flight + 1."""
         self.stats.add_in_flight(index, 1)
         self.caps.started(index)
+        self.tokens_in_flight[index] += prompt_tokens
 
-    def attempt_finished(self, index: int) -> None:
-        """An attempt to engine ``index`` ended (any way): in-flight - 1."""
+    def attempt_finished(self, index: int, prompt_tokens: int = 0) -> None:
+        """An attempt to engine ``index`` ended (any way): in-flight - 1; pass the
+        ``prompt_tokens`` it started with."""
         self.stats.add_in_flight(index, -1)
         self.caps.finished(index)
+        self.tokens_in_flight[index] -= prompt_tokens
 
     def observe(self, index: int, ewma: Ewma, seconds: float) -> None:
         """Fold an in-band latency (``Ewma.TTFT_S``, ``TBOT_S``, ``E2E_S``) of engine
@@ -588,7 +594,9 @@ class RequestView:
         return self._fleet.stats.in_flight()
 
     def in_flight_tokens(self) -> np.ndarray | None:
-        return None
+        """Prompt tokens of this worker's attempts in flight per engine: on a prefill
+        engine the prefill work queued or running, elsewhere the context held."""
+        return self._fleet.tokens_in_flight.copy()
 
 
 class LoadView(RequestView):

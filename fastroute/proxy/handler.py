@@ -1009,7 +1009,7 @@ class InferenceHandler:
         record.attempts.append(attempt)
         started = loop.time()
         policy.on_routed(route, engine_id)
-        fleet.attempt_started(index)
+        fleet.attempt_started(index, route.prompt_tokens)
         tracked: AttemptLoad | None = None
         if load is not None:
             tracked = load.admit(index, route, started, decode_stage=stage == "decode")
@@ -1056,7 +1056,7 @@ class InferenceHandler:
                 resp.close()  # no-op once the body was read to its end
         finally:
             attempt.duration_s = loop.time() - started
-            fleet.attempt_finished(index)
+            fleet.attempt_finished(index, route.prompt_tokens)
             if tracked is not None:
                 assert load is not None
                 load.release(tracked, ok, loop.time())

@@ -172,7 +172,8 @@ def test_default_hardware_classes_are_the_emulator_profiles() -> None:
 
 
 def test_vocabularies_match_the_design() -> None:
-    """Priorities are ordered lowest first and the policy names are the seven of DESIGN.md §6."""
+    """Priorities are ordered lowest first; the policy names are the seven of DESIGN.md §6 and
+    experiment (h)'s length-heuristic baseline."""
     assert PRIORITIES == ("batch", "default", "interactive")
     assert set(POLICY_NAMES) == {
         "weighted-hrw",
@@ -182,6 +183,7 @@ def test_vocabularies_match_the_design() -> None:
         "consistent-hash",
         "cache-aware",
         "marginal-cost",
+        "length-heuristic",
     }
 
 
