@@ -9,6 +9,10 @@ Endpoints (docs/controller.md "Service", docs/signals.md §4):
   may be parked at once; more get 503 with ``Retry-After: 1``.
 * ``POST /v1/reports`` — a msgpack :class:`fastroute.signals.reports.Report`; 204 when accepted,
   400 (text message) when malformed or of another version, 413 above ``max_report_bytes``.
+* ``GET /v1/calibration[?format=json|msgpack]`` — the fleet's step-time calibration as the
+  proxies reported it (:class:`controller.calibration.CalibrationBoard`: per engine type the
+  most-sampled worker's state), a :class:`fastroute.predict.CalibrationSnapshot`; new proxy
+  workers load it. 404 before any worker reported a calibrated type.
 * ``GET /v1/plan`` — JSON: per class demand, allocation and weights per engine, shed fraction,
   marginal cost (dual); solve status, objective, time, iterations; per engine capacity and load.
 * ``GET /plan`` — the same plan as a self-contained HTML page (:mod:`controller.plan_page`).
@@ -27,6 +31,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import msgspec
 import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -81,11 +86,7 @@ class ControllerApi:
                 raise ValueError("after and timeout_s must be >= 0")
         except ValueError as exc:
             raise web.HTTPBadRequest(text=f"bad query: {exc}") from None
-        fmt = q.get("format")
-        if fmt is None:
-            fmt = "json" if JSON in request.headers.get("Accept", "") else "msgpack"
-        if fmt not in ("json", "msgpack"):
-            raise web.HTTPBadRequest(text=f"format must be json or msgpack, got {fmt!r}")
+        fmt = _format(request)
         svc = self.service
         if svc.snapshot is None or svc.snapshot.generation == after:
             if self.waiters >= self.max_waiters:
@@ -124,6 +125,15 @@ class ControllerApi:
         metrics.reports.labels(outcome="accepted").inc()
         return web.Response(status=204)
 
+    async def calibration(self, request: web.Request) -> web.Response:
+        snap = self.service.calibration.published()
+        if snap is None:
+            raise web.HTTPNotFound(text="no calibration reported yet")
+        fmt = _format(request)
+        if fmt == "json":
+            return web.Response(body=msgspec.json.encode(snap), content_type=JSON)
+        return web.Response(body=msgspec.msgpack.encode(snap), content_type=MSGPACK)
+
     async def plan(self, request: web.Request) -> web.Response:
         return web.Response(
             text=json.dumps(self.service.plan_json(), default=_json_default),
@@ -156,6 +166,16 @@ def _json_default(value: object) -> object:
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _format(request: web.Request) -> str:
+    """``json`` or ``msgpack``: the ``format`` query, else the ``Accept`` header."""
+    fmt = request.query.get("format")
+    if fmt is None:
+        fmt = "json" if JSON in request.headers.get("Accept", "") else "msgpack"
+    if fmt not in ("json", "msgpack"):
+        raise web.HTTPBadRequest(text=f"format must be json or msgpack, got {fmt!r}")
+    return fmt
 
 
 def make_app(
@@ -214,6 +234,7 @@ def make_app(
     app[API] = api
     app.router.add_get("/v1/table", api.table)
     app.router.add_post("/v1/reports", api.reports)
+    app.router.add_get("/v1/calibration", api.calibration)
     app.router.add_get("/v1/plan", api.plan)
     app.router.add_get("/plan", api.plan_page)
     app.router.add_get("/health", api.health)

@@ -66,6 +66,7 @@ import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.baseline import BaselinePolicy, window_latency_s
+from controller.calibration import CalibrationBoard
 from controller.demand import DemandForecaster
 from controller.groups import EngineGroups, group_engines, regroup_rates
 from controller.health import (
@@ -408,6 +409,7 @@ class ReloadOutcome:
 _KEPT_ON_RELOAD = frozenset(
     {
         "writer",
+        "calibration",
         "snapshot",
         "_plan_id",
         "periods_total",
@@ -603,6 +605,8 @@ class ControllerService:
         )
         m = self.model
         self.signals = SignalAccumulator(m.engine_ids.tolist())
+        #: The proxies' reported step-time calibration, published to new workers.
+        self.calibration = CalibrationBoard()
         # peers = hardware shape, fixed at start: refitted profiles must not regroup the peers
         self.health = HealthTracker(
             m.profiles,
@@ -850,9 +854,12 @@ class ControllerService:
     # -- inputs ---------------------------------------------------------------------------------
 
     def observe(self, report: Report) -> None:
-        """Feed one decoded proxy report into the demand forecast and the derating window."""
+        """Feed one decoded proxy report into the demand forecast, the derating window and
+        (when it carries one) the calibration board."""
         self.forecaster.observe(report, self.clock())
         self.signals.observe(report)
+        if report.calibration is not None:
+            self.calibration.observe(report.worker_id, report.calibration)
 
     # -- one period -----------------------------------------------------------------------------
 

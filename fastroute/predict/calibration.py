@@ -289,6 +289,11 @@ class FleetCalibration:
 
     # -- export ----------------------------------------------------------------------------
 
+    def samples_total(self) -> int:
+        """Observations folded in over every type and the transfer model (0: nominal)."""
+        steps = sum(m.rls.n_samples for m in self._models.values())
+        return steps + self.transfer.rls.n_samples
+
     def snapshot(self) -> CalibrationSnapshot:
         """Every type's state and the transfer model, as plain data."""
         return CalibrationSnapshot(

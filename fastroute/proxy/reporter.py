@@ -8,7 +8,10 @@ HTTP/1.1 client (:mod:`fastroute.proxy.http1`: 74–103 µs of client CPU per po
 aiohttp's 203–305 µs, measured side by side).
 A post that fails or takes longer than ``timeout_s`` is dropped and counted, never queued:
 the next window carries fresh numbers, and the controller treats a missing window as
-missing data.
+missing data. A report carries the worker's step-time calibration when it has folded in
+observations since the last report the controller took (``marginal-cost`` classes that
+calibrate): the controller publishes the fleet's best state to new workers
+(:mod:`fastroute.proxy.calibration_pull`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
+from fastroute.predict import FleetCalibration
 from fastroute.proxy import http1
 from fastroute.signals.reports import DemandAggregator, encode_report
 
@@ -47,6 +51,8 @@ class Reporter:
         overlap.
     engine_state : callable, optional
         Returns ``(in_flight, ejected)`` mappings by engine id for each report.
+    calibration : callable, optional
+        Returns the calibration in force (or None), attached when it has new samples.
 
     Attributes
     ----------
@@ -63,6 +69,7 @@ class Reporter:
         interval_s: float = 1.0,
         timeout_s: float | None = None,
         engine_state: EngineState | None = None,
+        calibration: Callable[[], FleetCalibration | None] | None = None,
     ) -> None:
         self.url = controller_url.rstrip("/") + "/v1/reports"
         parts = urlsplit(self.url)
@@ -76,6 +83,8 @@ class Reporter:
         self.interval_s = interval_s
         self.timeout_s = min(1.0, 0.8 * interval_s) if timeout_s is None else timeout_s
         self.engine_state = engine_state
+        self.calibration = calibration
+        self._calibration_sent = 0  # samples_total() of the last calibration taken
         self.sent_total = 0
         self.failed_total = 0
         self.last_error: str | None = None
@@ -84,7 +93,13 @@ class Reporter:
     async def report_once(self, now_s: float | None = None) -> bool:
         """Drain the current window and post it; return True if the controller took it."""
         in_flight, ejected = self.engine_state() if self.engine_state else (None, None)
-        body = encode_report(self.aggregator.drain(now_s, in_flight=in_flight, ejected=ejected))
+        report = self.aggregator.drain(now_s, in_flight=in_flight, ejected=ejected)
+        cal = self.calibration() if self.calibration is not None else None
+        samples = cal.samples_total() if cal is not None and cal.calibrate else 0
+        if samples and samples != self._calibration_sent:
+            assert cal is not None
+            report.calibration = cal.snapshot()
+        body = encode_report(report)
         if self._pool is None:
             self._pool = http1.HostPool(
                 self._host,
@@ -118,6 +133,8 @@ class Reporter:
             return False
         self.sent_total += 1
         self.last_error = None
+        if report.calibration is not None:
+            self._calibration_sent = samples
         return True
 
     async def run(self) -> None:

@@ -43,6 +43,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from fastroute.config import Config
+from fastroute.predict import FleetCalibration
+from fastroute.proxy.calibration_pull import CalibrationPull
 from fastroute.proxy.handler import ProxyContext
 from fastroute.proxy.marginal_setup import attach_scraper
 from fastroute.proxy.puller import WeightsPuller
@@ -61,6 +63,7 @@ class SignalTasks:
     reporter: Reporter | None = None
     puller: WeightsPuller | None = None
     scraper: EngineScraper | None = None
+    calibration: CalibrationPull | None = None
 
 
 #: The app's :class:`SignalTasks`.
@@ -73,6 +76,16 @@ class _SignalCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         puller, reporter, scraper = self.tasks.puller, self.tasks.reporter, self.tasks.scraper
+        pull = self.tasks.calibration
+        if pull is not None:
+            family = GaugeMetricFamily(
+                "fastroute_proxy_calibration_start",
+                "1 for how the worker's calibration started: loaded from the controller, "
+                "not_needed, none_published, failed or pending.",
+                labels=["outcome"],
+            )
+            family.add_metric([pull.outcome], 1.0)
+            yield family
         if puller is not None:
             yield CounterMetricFamily(
                 "fastroute_proxy_weights_pulls", "Long-polls of the controller's table.",
@@ -200,12 +213,18 @@ def install_signal_tasks(
     if proxy.controller_url:
         tasks.aggregator = DemandAggregator(proxy.cluster, f"{socket.gethostname()}:{os.getpid()}")
         ctx.aggregator = tasks.aggregator
+        def calibration() -> FleetCalibration | None:
+            return (current_context() if current_context else ctx).metrics.calibration
+
         tasks.reporter = Reporter(
             proxy.controller_url,
             tasks.aggregator,
             interval_s=proxy.report_interval_s,
             engine_state=lambda: _engine_state(current_context() if current_context else ctx),
+            calibration=calibration,
         )
+        if calibration() is not None:
+            tasks.calibration = CalibrationPull(proxy.controller_url, calibration)
         tasks.puller = WeightsPuller(proxy.controller_url, table_name or proxy.table_name)
     if proxy.scrape_engines:
         tasks.scraper = EngineScraper(
@@ -229,6 +248,7 @@ async def _signal_lifecycle(app: web.Application) -> AsyncIterator[None]:
         ("puller", tasks.puller),
         ("reporter", tasks.reporter),
         ("scraper", tasks.scraper),
+        ("calibration", tasks.calibration),
     ):
         if component is not None:
             running.append(asyncio.create_task(component.run(), name=f"fastroute-{name}"))

@@ -10,7 +10,11 @@ seconds) and holds:
   the controller's shed fraction or admission), and 429s sent to clients;
 * per engine id (``fastroute.hashing.engine_id(name)``): attempts, failures by
   kind, in-band TTFT and TBOT summaries (:class:`LatencySummary`, mergeable log
-  buckets), the local ejection flag and the in-flight count at drain time.
+  buckets), the local ejection flag and the in-flight count at drain time;
+* optionally the worker's step-time calibration
+  (:class:`~fastroute.predict.CalibrationSnapshot`), when it folded in new observations
+  since its last report (``marginal-cost`` classes only): the controller publishes the
+  fleet's best state per engine type to new workers.
 
 All structs are ``array_like`` (positional msgpack arrays, no field names on the
 wire). The first element of a report is :data:`REPORT_VERSION`; a decoder refuses
@@ -25,6 +29,7 @@ from collections.abc import Callable, Mapping
 import msgspec
 
 from fastroute.errors import FastrouteError
+from fastroute.predict.calibration import CalibrationSnapshot
 from fastroute.signals.histogram import LogHistogram
 
 __all__ = [
@@ -171,6 +176,9 @@ class Report(msgspec.Struct, array_like=True):
     engines : list of EngineReport
     dropped : int
         Observations dropped because a bound (classes, engines) was reached.
+    calibration : CalibrationSnapshot or None
+        The worker's calibration, when it changed since its last report. Appended
+        last: decoders that predate it ignore it, and reports without it still decode.
     """
 
     version: int
@@ -181,6 +189,7 @@ class Report(msgspec.Struct, array_like=True):
     classes: list[ClassDemand]
     engines: list[EngineReport]
     dropped: int = 0
+    calibration: CalibrationSnapshot | None = None
 
     @property
     def window_s(self) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from fastroute.predict import FleetCalibration
 from fastroute.signals.histogram import LogHistogram
 from fastroute.signals.reports import (
     REPORT_VERSION,
@@ -73,6 +74,31 @@ def test_report_round_trips_through_msgpack() -> None:
     agg.observe_latency(2**63 + 5, 0.25, 0.01)
     r = agg.drain(in_flight={2**63 + 5: 1})
     assert decode_report(encode_report(r)) == r
+
+
+def test_a_report_carries_a_calibration_only_when_given() -> None:
+    """The calibration round-trips; a report of a proxy that predates the field (8 fields)
+    still decodes, without one."""
+    cal = FleetCalibration()
+    cal.observe_prefill("a40", 1, 800, 0, 0.09)
+    r = DemandAggregator("c", "w").drain()
+    old = msgspec.msgpack.decode(encode_report(r))[:8]
+    assert decode_report(msgspec.msgpack.encode(old)) == r and r.calibration is None
+    r.calibration = cal.snapshot()
+    back = decode_report(encode_report(r))
+    assert back.calibration == cal.snapshot() and back.calibration.types["a40"].n_samples == 1
+
+    class OldReport(msgspec.Struct, array_like=True):  # the format before the field
+        version: int
+        source_cluster: str
+        worker_id: str
+        window_start_s: float
+        window_end_s: float
+        classes: list
+        engines: list
+        dropped: int = 0
+
+    assert msgspec.msgpack.decode(encode_report(r), type=OldReport).worker_id == "w"
 
 
 def test_report_rejects_other_versions_and_garbage() -> None:
