@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import numpy as np
 import pytest
 from aiohttp import web
@@ -172,7 +173,8 @@ def test_overload_sheds_and_reports_are_validated(shm_name: str) -> None:
                 async with s.post(url + "/v1/reports", data=body) as resp:
                     assert resp.status == 400
                     assert "bad report" in await resp.text()
-            bad_version = _report(5).replace(b"\x98\x01", b"\x98\x07", 1)
+            fields = msgspec.msgpack.decode(_report(5))
+            bad_version = msgspec.msgpack.encode([7, *fields[1:]])
             async with s.post(url + "/v1/reports", data=bad_version) as resp:
                 assert resp.status == 400 and "version" in await resp.text()
             key = class_key("east", MODEL, "default")
