@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from fastroute.predict import CalibrationSnapshot
+from fastroute.signals.reports import CalibrationSnapshot
 
 __all__ = ["CalibrationBoard", "MAX_WORKERS"]
 

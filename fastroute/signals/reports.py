@@ -33,6 +33,7 @@ from fastroute.predict.calibration import CalibrationSnapshot
 from fastroute.signals.histogram import LogHistogram
 
 __all__ = [
+    "CalibrationSnapshot",  # fastroute.predict's, re-exported: a report's payload type
     "REPORT_VERSION",
     "ReportError",
     "ReportVersionError",
