@@ -213,6 +213,7 @@ def install_signal_tasks(
     if proxy.controller_url:
         tasks.aggregator = DemandAggregator(proxy.cluster, f"{socket.gethostname()}:{os.getpid()}")
         ctx.aggregator = tasks.aggregator
+
         def calibration() -> FleetCalibration | None:
             return (current_context() if current_context else ctx).metrics.calibration
 
