@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from fastroute.emulator.profiles import PROFILES
+from fastroute.emulator.profiles import PROFILES, HardwareProfile
 from fastroute.predict.rls import RobustRLS
 from fastroute.predict.step_time import (
     NominalStepTimes,
@@ -47,10 +47,18 @@ __all__ = [
     "KVTransferModel",
     "TransferState",
     "DEFAULT_TYPE",
+    "datasheet_profile",
 ]
 
 #: Engine type assumed when nothing says otherwise.
 DEFAULT_TYPE = "a40"
+
+
+def datasheet_profile(type_name: str, default_type: str = DEFAULT_TYPE) -> HardwareProfile | None:
+    """The built-in profile an engine type starts from: its own if ``type_name`` names one,
+    else ``default_type``'s (None if neither is a built-in). One rule for the proxy and the
+    simulator: a hardware label an operator chose starts from the default's constants."""
+    return PROFILES.get(type_name.lower()) or PROFILES.get(default_type)
 
 
 class TransferState(msgspec.Struct):
@@ -179,7 +187,7 @@ class FleetCalibration:
         """The starting constants of ``type_name``."""
         nom = self._nominal.get(type_name)
         if nom is None:
-            profile = PROFILES.get(type_name.lower()) or PROFILES.get(self.default_type)
+            profile = datasheet_profile(type_name, self.default_type)
             if profile is None:
                 return self._nominal[self.default_type]
             nom = NominalStepTimes.from_profile(profile)

@@ -40,18 +40,18 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
-from fastroute.emulator.profiles import PROFILES
+from fastroute.emulator.profiles import get_profile, true_profile
 from fastroute.hashing import engine_id as make_engine_id
 from fastroute.hashing import key_hash
 from fastroute.policy import RouteRequest
 from fastroute.policy.marginal import COLUMNS, REASON_SLO_INFEASIBLE, MarginalRequest
-from fastroute.predict.calibration import DEFAULT_TYPE
+from fastroute.predict.calibration import datasheet_profile
+from fastroute.predict.step_time import NominalStepTimes
 from fastroute.proxy.admission import Verdict, should_shed
 from fastroute.proxy.outlier import Outcome
 from fastroute.sim.capacity import estimate_capacity_rps, idle_latencies, request_shapes
 from fastroute.sim.control import ControlInput, ControlOutput, EngineWindow, Optimiser
 from fastroute.sim.fleet import DataPlane, SimEngine, engine_load
-from fastroute.sim.profiles import nominal_step_times, sim_profile, true_profile
 from fastroute.sim.records import RequestRecord
 from fastroute.sim.scenario import Scenario, ScenarioError
 from fastroute.workload import Burst, Session, SessionPrompts, generate_sessions, load_trace
@@ -307,14 +307,17 @@ class Simulator:
                 max_waiting=g.max_waiting,
                 enable_prefix_caching=g.enable_prefix_caching,
             )
-            profile = true_profile(sim_profile(g.profile), g.step_time_factors)
+            profile = true_profile(get_profile(g.profile), g.step_time_factors)
             type_name = (g.hardware or g.profile).lower()
             if type_name not in self.nominal:
                 # What the policy starts from: the datasheet profile of the group's hardware
                 # label, not the true one; a label naming no built-in profile starts from
                 # the default type's, as the proxy's FleetCalibration.nominal does.
-                datasheet = PROFILES.get(type_name) or PROFILES[DEFAULT_TYPE]
-                self.nominal[type_name] = nominal_step_times(datasheet, g.max_num_batched_tokens)
+                datasheet = datasheet_profile(type_name)
+                assert datasheet is not None  # the default type is a built-in
+                self.nominal[type_name] = NominalStepTimes.from_profile(
+                    datasheet, max_num_batched_tokens=g.max_num_batched_tokens
+                )
                 self.transfer_nominal[type_name] = (
                     cfg.kv_transfer_latency_s,
                     float(datasheet.kv_bytes_per_token),

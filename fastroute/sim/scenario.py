@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from fastroute.emulator.profiles import get_profile, true_profile
 from fastroute.sim.metrics import Slo
-from fastroute.sim.profiles import sim_profile, true_profile
 from fastroute.sim.replay import ReplayComponent, ReplayMix
 from fastroute.workload import ChatWorkload, WorkloadError
 
@@ -113,7 +113,7 @@ class EngineGroup(msgspec.Struct, **_OPTS):
         The engines' *true* step-time coefficients relative to the profile's
         (``{"b0_s" = 1.5}``: 50 % more per-step overhead than the datasheet estimate);
         the marginal-cost policy starts from the profile's and must calibrate
-        (:mod:`fastroute.sim.profiles`).
+        (:func:`fastroute.emulator.profiles.true_profile`).
     hardware : str
         The label the router knows the group by (the proxy config's ``hardware``);
         default: the profile's name. The marginal-cost policy starts from the datasheet
@@ -371,12 +371,12 @@ def _check(s: Scenario, where: str) -> None:
         if g.region and g.region not in regions:
             bad(f"engines {g.name!r}: unknown region {g.region!r}; regions: {regions}")
         try:
-            sim_profile(g.profile)
+            profile = get_profile(g.profile)
         except KeyError as exc:
             bad(f"engines {g.name!r}: {exc.args[0]}")
         try:
-            true_profile(sim_profile(g.profile), g.step_time_factors)
-        except (KeyError, ValueError) as exc:
+            true_profile(profile, g.step_time_factors)
+        except ValueError as exc:
             bad(f"engines {g.name!r}: step_time_factors: {exc}")
     models = {g.model for g in s.engines}
     for src in s.workload.sources:

@@ -13,7 +13,9 @@ from fastroute.emulator.profiles import (
     STEP_OVERHEAD_S,
     derive_profile,
     get_profile,
+    true_profile,
 )
+from fastroute.predict import NominalStepTimes
 
 
 def test_llama3_8b_kv_bytes_per_token_is_128_kib():
@@ -76,3 +78,25 @@ def test_step_time_helpers_match_formula():
         p.a0_s + p.a1_s * 100 + p.a2_s * 100**2 + p.a3_s * 100 * 50
     )
     assert p.decode_time_s(8, 4000) == pytest.approx(p.b0_s + 8 * p.b1_s + 4000 * p.b2_s)
+
+
+def test_qwen_profile_is_derived_like_the_builtins():
+    """Same GPU, smaller model: same fixed overhead shape, cheaper per token, more KV room."""
+    q, llama = get_profile("a40-qwen2.5-3b"), PROFILES["a40"]
+    assert q.name == "a40-qwen2.5-3b" and get_profile("A40") is llama
+    assert q.a1_s < llama.a1_s and q.b0_s < llama.b0_s
+    assert q.kv_capacity_tokens > llama.kv_capacity_tokens
+
+
+def test_true_profile_scales_only_the_named_coefficients():
+    """Factors multiply the true step times; the nominal constants stay the datasheet's."""
+    q = get_profile("a40-qwen2.5-3b")
+    t = true_profile(q, {"b0_s": 1.5, "a1_s": 0.8})
+    assert t.b0_s == pytest.approx(1.5 * q.b0_s) and t.a1_s == pytest.approx(0.8 * q.a1_s)
+    assert t.a0_s == q.a0_s and t.name == q.name
+    assert true_profile(q, {}) is q
+    assert NominalStepTimes.from_profile(q).b0_s == q.b0_s
+    with pytest.raises(ValueError, match="unknown step-time coefficient"):
+        true_profile(q, {"c0_s": 2.0})
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
+        true_profile(q, {"a0_s": 0.0})
