@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from fastroute.bench.spec import BenchSpec
     from fastroute.workload import Session
 
-__all__ = ["replay_rate_rps", "replay_sources", "replay_sessions"]
+__all__ = ["replay_rate_rps", "replay_sources", "replay_sessions", "describe_mix"]
 
 
 def replay_rate_rps(spec: BenchSpec) -> float:
@@ -28,6 +28,18 @@ def replay_rate_rps(spec: BenchSpec) -> float:
     if spec.load is not None:
         return spec.load * spec.fleet.capacity_rps(spec.replay.model)
     return spec.replay.rate_rps
+
+
+def describe_mix(spec: BenchSpec) -> str:
+    """``conv 0.8, code 0.2; bursts 2× for 10 s of every 60 s``: the mix in one line."""
+    if spec.replay is None:
+        raise ValueError("the spec has no [replay]")
+    mix = spec.replay
+    shares = ", ".join(f"{c.name} {c.share:g}" for c in mix.components)
+    return (
+        f"{shares}; bursts {mix.burst_factor:g}× for {mix.burst_s:g} s of every "
+        f"{mix.burst_every_s:g} s"
+    )
 
 
 def replay_sources(spec: BenchSpec) -> tuple[str, ...]:

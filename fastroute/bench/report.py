@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from fastroute.bench.replay import describe_mix
 from fastroute.bench.runner import RouterResult, target_rps
 from fastroute.bench.spec import BenchSpec
 
@@ -82,12 +83,8 @@ def markdown_report(
     m = machine
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
     if spec.replay is not None:
-        mode = (
-            "trace replay ("
-            + ", ".join(f"{c.name} {c.share:g}" for c in spec.replay.components)
-            + f"; bursts {spec.replay.burst_factor:g}× for {spec.replay.burst_s:g} s of every "
-            f"{spec.replay.burst_every_s:g} s), open loop at {target_rps(spec):.2f} req/s mean"
-        )
+        rate = f"open loop at {target_rps(spec):.2f} req/s mean"
+        mode = f"trace replay ({describe_mix(spec)}), {rate}"
         if spec.load is not None:
             mode += f" ({spec.load:g} × nominal capacity)"
     elif spec.load is not None:

@@ -99,16 +99,23 @@ def build_sessions(spec: BenchSpec) -> tuple[list[Any], list[str], str]:
     From ``[replay]`` (:mod:`fastroute.bench.replay`) or ``[workload]``.
     """
     if spec.replay is not None:
-        from fastroute.bench.replay import replay_rate_rps, replay_sessions, replay_sources
+        from fastroute.bench.replay import (
+            describe_mix,
+            replay_rate_rps,
+            replay_sessions,
+            replay_sources,
+        )
 
         sessions = replay_sessions(spec)
         sources = list(replay_sources(spec))
-        shares = ", ".join(f"{c.name} {c.share:g}" for c in spec.replay.components)
-        return sessions, sources, (
-            f"replay: {len(sessions)} requests ({shares}) at {replay_rate_rps(spec):.3f} req/s "
-            f"mean, bursts {spec.replay.burst_factor:g}× for {spec.replay.burst_s:g} s of "
-            f"every {spec.replay.burst_every_s:g} s, from {', '.join(sources)}"
-        )  # fmt: skip
+        return (
+            sessions,
+            sources,
+            (
+                f"replay: {len(sessions)} requests ({describe_mix(spec)}) at "
+                f"{replay_rate_rps(spec):.3f} req/s mean, from {', '.join(sources)}"
+            ),
+        )
     from fastroute.workload import generate_sessions
 
     workload = build_workload(spec)

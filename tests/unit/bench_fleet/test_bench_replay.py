@@ -32,7 +32,8 @@ def test_the_sessions_are_the_simulators_at_load_times_capacity(tmp_path: Path) 
     assert all(0.0 <= s.start_s < 25.0 for s in sessions)
     built, sources, description = build_sessions(spec)
     assert built == sessions and sources == ["local"]
-    assert description.startswith(f"replay: {len(sessions)} requests (conv 0.75, code 0.25)")
+    mix = "(conv 0.75, code 0.25; bursts 2×"
+    assert description.startswith(f"replay: {len(sessions)} requests {mix}")
 
 
 def test_without_load_the_replay_keeps_its_rate(tmp_path: Path) -> None:
