@@ -7,11 +7,9 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
-import openai
 import pytest
 
 from fastroute.bench.fleet import EngineGroup, FleetSpec, RegionSpec
@@ -19,34 +17,19 @@ from fastroute.bench.process import ProcessSet
 from fastroute.bench.stack import start_fleet
 from fastroute.tables.segment import shm_dir
 from fastroute.testing.processes import processes_naming
-from fastroute.workload.session import make_text
 
 pytestmark = pytest.mark.integration
 
 PROFILE = "a40-qwen2.5-3b"
-#: Prefill coefficients ×10 on the "true" group; the ratio of idle TTFTs should be ≈ 10.
+#: Prefill coefficients ×10 on the "true" group.
 PREFILL_X10 = {"a0_s": 10.0, "a1_s": 10.0, "a2_s": 10.0, "a3_s": 10.0}
 
 
-async def _ttft_s(url: str, tag: str) -> float:
-    """Seconds to the first streamed token of a unique 1500-token prompt (no cache hit)."""
-    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
-        t0 = time.perf_counter()
-        stream = await client.chat.completions.create(
-            model="qwen", messages=[{"role": "user", "content": make_text(tag, 1500)}],
-            max_tokens=2, stream=True,
-        )  # fmt: skip
-        first = None
-        async for _ in stream:
-            first = first or time.perf_counter() - t0
-        assert first is not None
-        return first
-
-
 def test_true_step_times_reach_the_fleet_process(tmp_path: Path) -> None:
-    """The group's factors run in the engines of the bench's fleet process: the idle TTFT
-    of a 1500-token prompt is several times the datasheet engine's (side by side; the
-    bound is wide, the expected ratio is ≈ 10), and ``/metrics`` names the factors."""
+    """The group's factors cross into the bench's fleet process: the engine of the "true"
+    group reports them in ``/metrics`` under the datasheet profile name, the other none
+    (that an engine built with factors runs the scaled profile is
+    tests/unit/emulator/test_emulator_step_time_factors.py; no timing is asserted here)."""
     fleet = FleetSpec(
         regions=(RegionSpec(name="local"),),
         groups=(
@@ -56,25 +39,23 @@ def test_true_step_times_reach_the_fleet_process(tmp_path: Path) -> None:
         ),
     )  # fmt: skip
 
-    async def main() -> tuple[list[float], list[float], str]:
+    async def main() -> tuple[str, str]:
         procs = ProcessSet(tmp_path)
         try:
             _, engines = await start_fleet(procs, fleet, tmp_path)
-            nominal, true = engines
-            a, b = [], []
-            for i in range(2):  # alternate, take each side's best
-                a.append(await _ttft_s(nominal.url, f"nominal {i}"))
-                b.append(await _ttft_s(true.url, f"true {i}"))
-            async with aiohttp.ClientSession() as http, http.get(true.url + "/metrics") as r:
-                page = await r.text()
-            return a, b, page
+            pages = []
+            async with aiohttp.ClientSession() as http:
+                for engine in engines:
+                    async with http.get(engine.url + "/metrics") as r:
+                        pages.append(await r.text())
+            return pages[0], pages[1]
         finally:
             await asyncio.to_thread(procs.stop_all)
 
-    nominal_s, true_s, page = asyncio.run(asyncio.wait_for(main(), 60.0))
-    assert min(true_s) / min(nominal_s) > 3.0, (nominal_s, true_s)
-    assert 'step_time_factors="a0_s=10,a1_s=10,a2_s=10,a3_s=10"' in page
-    assert f'profile="{PROFILE}"' in page
+    nominal_page, true_page = asyncio.run(asyncio.wait_for(main(), 60.0))
+    assert 'step_time_factors="a0_s=10,a1_s=10,a2_s=10,a3_s=10"' in true_page
+    assert 'step_time_factors=""' in nominal_page
+    assert f'profile="{PROFILE}"' in true_page and f'profile="{PROFILE}"' in nominal_page
 
 
 SPEC = """
