@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from controller.app import SERVICE, make_app
+    from controller.options import ControllerOptions
     from fastroute.config import ConfigError, load_config
     from fastroute.errors import TableError
     from fastroute.systemd import Notifier
@@ -86,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    options = ControllerOptions(
+        table_name=args.table, mode=args.mode, p_gain=args.p_gain, p_ewma_alpha=args.p_ewma
+    )
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
@@ -93,13 +97,7 @@ def run(args: argparse.Namespace) -> int:
         hup = asyncio.Event()
         # before anything slow: SIGHUP's default action would kill a starting controller
         loop.add_signal_handler(signal.SIGHUP, hup.set)
-        app = make_app(
-            config,
-            table_name=args.table,
-            mode=args.mode,
-            p_gain=args.p_gain,
-            p_ewma_alpha=args.p_ewma,
-        )
+        app = make_app(config, options)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await runner.setup()  # opens the table and starts the loop
         try:
