@@ -28,16 +28,17 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 import msgspec
 import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controller.metrics import ControllerMetrics
+from controller.options import ControllerOptions
 from controller.plan_page import render_plan_html
-from controller.service import ControllerMetrics, ControllerService
+from controller.service import ControllerService
 from fastroute.config import Config
 from fastroute.signals.reports import ReportError, decode_report
 from fastroute.tables.wire import encode_snapshot
@@ -96,7 +97,7 @@ class ControllerApi:
                 )
             self.waiters += 1
             try:
-                snap = await svc.wait_changed(after, timeout_s)
+                snap = await svc.publisher.wait_changed(after, timeout_s)
             finally:
                 self.waiters -= 1
             if snap is None:
@@ -180,35 +181,26 @@ def _format(request: web.Request) -> str:
 
 def make_app(
     config: Config,
+    options: ControllerOptions | None = None,
     *,
-    table_name: str | None = None,
     max_waiters: int = MAX_WAITERS,
     max_report_bytes: int = MAX_REPORT_BYTES,
     run_loop: bool = True,
-    mode: str = "lp",
-    p_gain: float = 0.5,
-    p_ewma_alpha: float = 0.5,
-    service_options: Mapping[str, Any] | None = None,
 ) -> web.Application:
     """Build the controller app; the control loop runs while the app does.
 
     Parameters
     ----------
     config : Config
-    table_name : str, optional
-        Shared-memory table to write (default ``config.proxy.table_name``).
+    options : ControllerOptions, optional
+        The service's table name, mode (``"lp"`` or the ``"p-controller"`` baseline) and
+        tunables (default ``ControllerOptions()``).
     max_waiters : int
         Parked long-polls allowed at once; more get 503.
     max_report_bytes : int
         Largest accepted report body; larger ones get 413.
     run_loop : bool
         Start the periodic control loop (tests may drive :meth:`ControllerService.step`).
-    mode : str
-        ``"lp"`` or ``"p-controller"`` (the legacy baseline; see :class:`ControllerService`).
-    p_gain, p_ewma_alpha : float
-        The baseline's gain and EWMA factor (``p-controller`` only).
-    service_options : mapping, optional
-        Further keyword arguments of :class:`ControllerService` (tests, experiments).
 
     Notes
     -----
@@ -219,15 +211,7 @@ def make_app(
     this host keep routing on the last weights, and a restarted controller continues its
     generations in place.
     """
-    service = ControllerService(
-        config,
-        table_name=table_name,
-        metrics=ControllerMetrics(),
-        mode=mode,
-        p_gain=p_gain,
-        p_ewma_alpha=p_ewma_alpha,
-        **dict(service_options or {}),
-    )
+    service = ControllerService(config, options, metrics=ControllerMetrics())
     api = ControllerApi(service, max_waiters)
     app = web.Application(client_max_size=max_report_bytes)
     app[SERVICE] = service

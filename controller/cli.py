@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from controller.options import ControllerOptions
+    from fastroute.config import Config
     from fastroute.systemd import Notifier
 
 __all__ = ["add_arguments", "run"]
@@ -56,19 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; return the exit status."""
     import asyncio
-    import contextlib
-    import logging
-    import signal
 
     import uvloop
-    from aiohttp import web
 
-    from controller.app import SERVICE, make_app
+    from controller.options import ControllerOptions
     from fastroute.config import ConfigError, load_config
     from fastroute.errors import TableError
     from fastroute.systemd import Notifier
 
-    log = logging.getLogger("controller")
     sd = Notifier.from_env()  # READY=1 once serving and the first period ended (systemd)
     try:
         config = load_config(args.config)
@@ -86,63 +83,79 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-
-    async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        hup = asyncio.Event()
-        # before anything slow: SIGHUP's default action would kill a starting controller
-        loop.add_signal_handler(signal.SIGHUP, hup.set)
-        app = make_app(
-            config,
-            table_name=args.table,
-            mode=args.mode,
-            p_gain=args.p_gain,
-            p_ewma_alpha=args.p_ewma,
-        )
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-        await runner.setup()  # opens the table and starts the loop
-        try:
-            site = web.TCPSite(runner, host, port)
-            await site.start()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            log.info("controller serving on %s", ", ".join(map(str, runner.addresses)))
-            follow = loop.create_task(sd.follow(lambda: _systemd_status(app)))
-            reload_lock = asyncio.Lock()
-
-            async def reloads() -> None:
-                while True:
-                    await hup.wait()
-                    hup.clear()
-                    async with reload_lock:
-                        await _reload(app, args, (host, port), sd)
-
-            reloader = loop.create_task(reloads(), name="controller-reloads")
-            await stop.wait()
-            log.info("controller stopping")
-            sd.stopping("controller stopping")
-            follow.cancel()
-            # let a running reload finish (it may be mid-solve), bounded like a period
-            limit_s = app[SERVICE].config.controller.solve_time_limit_s + 5.0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(reload_lock.acquire(), limit_s)
-            reloader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reloader
-        finally:
-            loop.remove_signal_handler(signal.SIGHUP)
-            await runner.cleanup()
-
+    options = ControllerOptions(
+        table_name=args.table, mode=args.mode, p_gain=args.p_gain, p_ewma_alpha=args.p_ewma
+    )
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve())
+            runner.run(_serve(config, options, args, (host, port), sd))
     except (TableError, OSError) as exc:
         print(f"fastroute controller: {exc}", file=sys.stderr)
         return 1
     finally:
         sd.close()
     return 0
+
+
+async def _serve(
+    config: Config,
+    options: ControllerOptions,
+    args: argparse.Namespace,
+    listening: tuple[str, int],
+    sd: Notifier,
+) -> None:
+    """Serve ``make_app(config, options)`` on ``listening`` until SIGTERM/SIGINT; SIGHUP
+    reloads ``args.config``."""
+    import asyncio
+    import contextlib
+    import logging
+    import signal
+
+    from aiohttp import web
+
+    from controller.app import SERVICE, make_app
+
+    log = logging.getLogger("controller")
+    host, port = listening
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    hup = asyncio.Event()
+    # before anything slow: SIGHUP's default action would kill a starting controller
+    loop.add_signal_handler(signal.SIGHUP, hup.set)
+    app = make_app(config, options)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()  # opens the table and starts the loop
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("controller serving on %s", ", ".join(map(str, runner.addresses)))
+        follow = loop.create_task(sd.follow(lambda: _systemd_status(app)))
+        reload_lock = asyncio.Lock()
+
+        async def reloads() -> None:
+            while True:
+                await hup.wait()
+                hup.clear()
+                async with reload_lock:
+                    await _reload(app, args, (host, port), sd)
+
+        reloader = loop.create_task(reloads(), name="controller-reloads")
+        await stop.wait()
+        log.info("controller stopping")
+        sd.stopping("controller stopping")
+        follow.cancel()
+        # let a running reload finish (it may be mid-solve), bounded like a period
+        limit_s = app[SERVICE].config.controller.solve_time_limit_s + 5.0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reload_lock.acquire(), limit_s)
+        reloader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reloader
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+        await runner.cleanup()
 
 
 async def _reload(

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from fastroute.signals.reports import Report
 
-__all__ = ["DemandForecaster"]
+__all__ = ["DemandForecaster", "carry_forecast"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -232,3 +232,38 @@ class DemandForecaster:
         live = self._held_rps if held else np.maximum(self._ewma_rps, self._recent_peak())
         est = np.where(self._measured, live, default)
         return np.maximum(est, floor)
+
+
+def carry_forecast(old: DemandForecaster, new: DemandForecaster) -> int:
+    """Copy ``old``'s demand state into ``new`` for the class keys both have; return how many.
+
+    EWMA, held forecast, measured flags, recent peaks and the live workers (with their pending
+    and last rates restricted to ``new``'s classes) move over, so a reload neither forgets the
+    measured demand nor falls back to the capacity default for classes that still exist.
+    """
+    # reaches into the forecasters' state: a reload (controller.service) is the only caller
+    o_row, n_row = old._row, new._row
+    pairs = [(o_row[k], j) for j, k in enumerate(new.class_keys) if k in o_row]
+    for w_id, w in old._workers.items():
+        new._workers[w_id] = replace(
+            w,
+            pending_requests={k: r for k, r in w.pending_requests.items() if k in n_row},
+            rates_rps={k: r for k, r in w.rates_rps.items() if k in n_row},
+            variances_rps2={k: v for k, v in w.variances_rps2.items() if k in n_row},
+        )
+    new.unknown_keys_total = old.unknown_keys_total
+    if not pairs:
+        return 0
+    src = np.array([p[0] for p in pairs], dtype=np.intp)
+    dst = np.array([p[1] for p in pairs], dtype=np.intp)
+    new._ewma_rps[dst] = old._ewma_rps[src]
+    new._measured[dst] = old._measured[src]
+    new.last_measured_rps[dst] = old.last_measured_rps[src]
+    new.last_stderr_rps[dst] = old.last_stderr_rps[src]
+    new._held_rps[dst] = old._held_rps[src]
+    new._peaks.clear()
+    for peak in list(old._peaks)[-(new._peaks.maxlen or 1) :]:
+        row = np.full(len(new.class_keys), np.nan)
+        row[dst] = peak[src]
+        new._peaks.append(row)
+    return len(pairs)

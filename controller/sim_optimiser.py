@@ -115,6 +115,24 @@ def _profiles(inp: Any) -> list[LatencyProfile]:
     ]
 
 
+def _derated_health(
+    state: dict[str, Any], inp: Any, derating: DeratingConfig, info: dict[str, Any]
+) -> np.ndarray:
+    """Step the optimiser's health tracker (made on first use) on the window; return the health
+    factors and note them, and any level changes, in ``info``."""
+    tracker = state["tracker"]
+    if tracker is None:
+        tracker = state["tracker"] = HealthTracker(
+            state["profiles"], inp.capacity_rps, derating, engine_names=inp.engine_names
+        )
+    changes = tracker.update(_health_window(inp.window), inp.now_s)
+    health = tracker.health.copy()
+    info["health"] = health.tolist()
+    if changes:
+        info["health_changes"] = [str(c) for c in changes]
+    return health
+
+
 def lp_optimiser(
     *,
     kappa_s: float | None = None,
@@ -157,16 +175,7 @@ def lp_optimiser(
         health = np.ones(len(inp.engine_names))
         info: dict[str, Any] = {}
         if derate:
-            tracker = state["tracker"]
-            if tracker is None:
-                tracker = state["tracker"] = HealthTracker(
-                    profiles, inp.capacity_rps, derating_cfg, engine_names=inp.engine_names
-                )
-            changes = tracker.update(_health_window(inp.window), inp.now_s)
-            health = tracker.health.copy()
-            info["health"] = health.tolist()
-            if changes:
-                info["health_changes"] = [str(c) for c in changes]
+            health = _derated_health(state, inp, derating_cfg, info)
         problem = RoutingProblem.from_profiles(
             demand,
             profiles,

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from controller_fleet import ENGINES, MODEL, two_region_toml
 
+from controller.options import ControllerOptions
 from controller.service import ControllerService
 from fastroute.config import decode_config
 from fastroute.hashing import class_key, engine_id
@@ -56,7 +57,9 @@ def test_p_controller_mode_moves_weight_off_a_slow_engine_and_publishes(shm_name
     config = decode_config(two_region_toml(shm_name), source="c.toml")
 
     async def main() -> list[np.ndarray]:
-        svc = ControllerService(config, mode="p-controller", p_gain=0.3, p_ewma_alpha=1.0)
+        svc = ControllerService(
+            config, ControllerOptions(mode="p-controller", p_gain=0.3, p_ewma_alpha=1.0)
+        )
         svc.open()
         history = []
         try:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
 import pytest
 from controller_fleet import ENGINES, FAST_DERATING, REGIONS, two_region_toml
 
+from controller.options import ControllerOptions
 from controller.service import ControllerService
 from fastroute.config import decode_config
 from fastroute.hashing import engine_id
@@ -32,10 +33,14 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 25.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-def make_service(table_name: str, **kwargs: Any) -> ControllerService:
+def make_service(
+    table_name: str, clock: Callable[[], float] = time.time, **options: Any
+) -> ControllerService:
     toml = two_region_toml(table_name, tables=FAST_DERATING)
-    kwargs.setdefault("profile_half_life_windows", 10)
-    svc = ControllerService(decode_config(toml, source="controller.toml"), **kwargs)
+    options.setdefault("profile_half_life_windows", 10)
+    svc = ControllerService(
+        decode_config(toml, source="controller.toml"), ControllerOptions(**options), clock=clock
+    )
     svc.open()
     return svc
 

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from controller.app import SERVICE, make_app
+from controller.options import ControllerOptions
 from controller.service import ControllerService
 from fastroute.config import decode_config
 from fastroute.emulator.model import OutputLengthDistribution
@@ -88,7 +89,7 @@ def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flappin
         async with EmulatedFleet(specs) as fleet, aiohttp.ClientSession() as s:
             cconfig = decode_config(config_toml(fleet.urls, shm_name), "c.toml")
             capp = make_app(
-                cconfig, run_loop=False, service_options={"health_min_latency_samples": 5}
+                cconfig, ControllerOptions(health_min_latency_samples=5), run_loop=False
             )
             async with serve_app(capp) as curl:
                 svc: ControllerService = capp[SERVICE]
@@ -106,7 +107,7 @@ def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flappin
                         target = accepted._value.get() + 2  # a full report after the burst
                         await wait_until(lambda: accepted._value.get() >= target, timeout=10.0)
                         await svc.step()
-                        return [float(h) for h in svc.health.health]
+                        return [float(h) for h in svc.learning.health.health]
 
                     await window()  # the proxy has seen the table and reports: a baseline
                     levels = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.demand import DemandForecaster
+from controller.demand import DemandForecaster, carry_forecast
 from fastroute.signals.reports import ClassDemand, Report
 
 KEYS = [11, 22, 33]
@@ -172,3 +172,22 @@ def test_silent_class_falls_through_the_band() -> None:
     f = _forecaster(alpha=1.0, peak_periods=1)
     seen = _feed(f, [20, 20, 0, 0])
     assert seen[-1] == pytest.approx(0.1)
+
+
+def test_carry_forecast_maps_rows_by_class_key() -> None:
+    """EWMA, measured flags, peaks and workers move by key; keys not in the new set are dropped."""
+    old = DemandForecaster([1, 2, 3], ["a", "a", "a"], period_s=1.0)
+    now = 100.0
+    classes = [ClassDemand(class_key=k, requests=r) for k, r in ((1, 10), (3, 30))]
+    old.observe(Report(1, "a", "w", now - 1.0, now, classes, []), now)
+    old.update(now)
+    new = DemandForecaster([3, 4, 2], ["a", "a", "a"], period_s=1.0)
+    assert carry_forecast(old, new) == 2
+    f = new.forecast(np.full(3, 0.5), np.zeros(3))
+    np.testing.assert_allclose(f, [30.0, 0.5, 0.0])
+    np.testing.assert_array_equal(new.measured, [True, False, True])
+    assert new.live_workers == 1
+    # the carried worker only counts keys the new forecaster knows
+    new.observe(Report(1, "a", "w", now, now + 1.0, classes, []), now + 1.0)
+    new.update(now + 1.0)
+    assert new.forecast(np.zeros(3), np.zeros(3))[0] == pytest.approx(30.0)

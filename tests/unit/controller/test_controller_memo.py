@@ -13,9 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import controller.service as service_module
+import controller.planner as planner_module
 from controller.memo import SolveInputs, SolveMemo
+from controller.options import ControllerOptions
+from controller.planner import LPPlanner
 from controller.service import ControllerService
+from controller.solve import SolveError
 from fastroute.config import Config, decode_config
 from fastroute.hashing import class_key
 from fastroute.signals.reports import ClassDemand, Report
@@ -60,11 +63,16 @@ class CountingSolve:
 
     def __init__(self) -> None:
         self.calls = 0
-        self._solve = service_module._solve_period
+        self._solve = planner_module._solve_period
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
         return self._solve(*args)
+
+
+def memo(svc: ControllerService) -> SolveMemo[Any]:
+    assert isinstance(svc.planner, LPPlanner)
+    return svc.planner.memo
 
 
 # -- SolveInputs / SolveMemo ---------------------------------------------------------------------
@@ -123,11 +131,13 @@ def test_unchanged_inputs_do_not_solve_and_changed_ones_do(
     """At steady demand the LP runs until its fixed point, then not again; the heartbeat still
     republishes; a demand step solves again; the counters say which happened."""
     solve = CountingSolve()
-    monkeypatch.setattr(service_module, "_solve_period", solve)
+    monkeypatch.setattr(planner_module, "_solve_period", solve)
     clock = Clock()
 
     async def main() -> None:
-        svc = ControllerService(config(shm_name), clock=clock, republish_after_s=5.0)
+        svc = ControllerService(
+            config(shm_name), ControllerOptions(republish_after_s=5.0), clock=clock
+        )
         svc.open()
         try:
             for _ in range(4):  # default demand: solves until x stops moving
@@ -140,10 +150,10 @@ def test_unchanged_inputs_do_not_solve_and_changed_ones_do(
                 clock.now_s += 1.0
                 await svc.step()
             assert solve.calls == settled
-            assert svc.solve_memo.reused_total >= 3
+            assert memo(svc).reused_total >= 3
             registry = svc.metrics.registry
             reused = registry.get_sample_value("fastroute_controller_solves_reused_total")
-            assert reused == svc.solve_memo.reused_total
+            assert reused == memo(svc).reused_total
             # every period still counts as a solve by status (the "not planning" alert's rate)
             optimal = {"status": "Optimal"}
             solves = registry.get_sample_value("fastroute_controller_solves_total", optimal)
@@ -168,7 +178,7 @@ def test_unchanged_inputs_do_not_solve_and_changed_ones_do(
 def test_a_failed_solve_forgets_the_memo(shm_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a SolveError the next period solves even though its inputs are the last good ones."""
     solve = CountingSolve()
-    monkeypatch.setattr(service_module, "_solve_period", solve)
+    monkeypatch.setattr(planner_module, "_solve_period", solve)
     clock = Clock()
 
     async def main() -> None:
@@ -185,13 +195,13 @@ def test_a_failed_solve_forgets_the_memo(shm_name: str, monkeypatch: pytest.Monk
 
             def fail(*args: Any) -> Any:
                 solve.calls += 1
-                raise service_module.SolveError("Infeasible", "injected")
+                raise SolveError("Infeasible", "injected")
 
-            monkeypatch.setattr(service_module, "_solve_period", fail)
-            svc.solve_memo.forget()  # make this period reach the (failing) solver
+            monkeypatch.setattr(planner_module, "_solve_period", fail)
+            memo(svc).forget()  # make this period reach the (failing) solver
             clock.now_s += 1.0
             assert not await svc.step() and svc.last_error is not None
-            monkeypatch.setattr(service_module, "_solve_period", solve)
+            monkeypatch.setattr(planner_module, "_solve_period", solve)
             calls = solve.calls
             clock.now_s += 1.0
             await svc.step()
@@ -214,7 +224,7 @@ def test_a_reused_result_is_what_solving_again_gives(
     def get_and_check(self: SolveMemo[Any], inputs: SolveInputs) -> Any:
         kept = original_get(self, inputs)
         if kept is not None:
-            again = service_module._solve_period(
+            again = planner_module._solve_period(
                 inputs.lp, inputs.model, inputs.demand_rps, inputs.anchor_rps,
                 inputs.kappa_s, inputs.shed_base_factor,
             )  # fmt: skip
@@ -228,7 +238,9 @@ def test_a_reused_result_is_what_solving_again_gives(
     monkeypatch.setattr(SolveMemo, "get", get_and_check)
 
     async def main() -> None:
-        svc = ControllerService(config(shm_name), clock=clock, republish_after_s=4.0)
+        svc = ControllerService(
+            config(shm_name), ControllerOptions(republish_after_s=4.0), clock=clock
+        )
         svc.open()
         rng = np.random.default_rng(3)
         try:

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from controller.service import ControllerService, FleetModel
+from controller.model import FleetModel
+from controller.service import ControllerService
 from fastroute.config import PRIORITIES, Config, decode_config
 from fastroute.hashing import class_key
 from fastroute.signals.reports import ClassDemand, Report

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controller.demand import DemandForecaster
-from controller.service import ControllerService, carry_forecast
+from controller.options import ControllerOptions
+from controller.planner import PControllerPlanner
+from controller.service import ControllerService
 from fastroute.config import PRIORITIES, Config, decode_config
 from fastroute.hashing import class_key
 from fastroute.signals.reports import ClassDemand, Report
@@ -69,11 +70,11 @@ def test_reload_rebuilds_on_the_same_table_and_generations_increase(shm_name: st
         svc.open()
         try:
             await svc.step()
-            writer, gen = svc.writer, svc.generation
+            writer, gen = svc.publisher.writer, svc.generation
             assert gen >= 1 and plan_engine(svc, "engine-0")["capacity_rps"] == 10.0
             out = await svc.reload(config(shm_name, capacities=(25.0, 10.0, 5.0)))
             assert out.changed and out.needs_restart == ()
-            assert svc.writer is writer and svc.generation == gen + 1
+            assert svc.publisher.writer is writer and svc.generation == gen + 1
             assert plan_engine(svc, "engine-0")["capacity_rps"] == 25.0
             assert [e["name"] for e in svc.plan_json()["engines"]] == [
                 "engine-0",
@@ -130,13 +131,13 @@ def test_reload_keeps_derating_state_only_while_the_engines_are_unchanged(shm_na
         svc.open()
         try:
             await svc.step()
-            health, fitter = svc.health, svc.fitter
+            health, fitter = svc.learning.health, svc.learning.fitter
             await svc.reload(config(shm_name, kappa_s=0.8))
             assert svc.config.controller.kappa_s == 0.8
-            assert svc.health is health and svc.fitter is fitter
+            assert svc.learning.health is health and svc.learning.fitter is fitter
             await svc.reload(config(shm_name, kappa_s=0.8, capacities=(10.0, 20.0)))
-            assert svc.health is not health and svc.fitter is not fitter
-            np.testing.assert_array_equal(svc.health.health, [1.0, 1.0])
+            assert svc.learning.health is not health and svc.learning.fitter is not fitter
+            np.testing.assert_array_equal(svc.learning.health.health, [1.0, 1.0])
         finally:
             svc.close()
 
@@ -165,36 +166,18 @@ def test_a_new_table_name_needs_a_restart(shm_name: str) -> None:
     run(main())
 
 
-def test_carry_forecast_maps_rows_by_class_key() -> None:
-    """EWMA, measured flags, peaks and workers move by key; keys not in the new set are dropped."""
-    old = DemandForecaster([1, 2, 3], ["a", "a", "a"], period_s=1.0)
-    now = 100.0
-    classes = [ClassDemand(class_key=k, requests=r) for k, r in ((1, 10), (3, 30))]
-    old.observe(Report(1, "a", "w", now - 1.0, now, classes, []), now)
-    old.update(now)
-    new = DemandForecaster([3, 4, 2], ["a", "a", "a"], period_s=1.0)
-    assert carry_forecast(old, new) == 2
-    f = new.forecast(np.full(3, 0.5), np.zeros(3))
-    np.testing.assert_allclose(f, [30.0, 0.5, 0.0])
-    np.testing.assert_array_equal(new.measured, [True, False, True])
-    assert new.live_workers == 1
-    # the carried worker only counts keys the new forecaster knows
-    new.observe(Report(1, "a", "w", now, now + 1.0, classes, []), now + 1.0)
-    new.update(now + 1.0)
-    assert new.forecast(np.zeros(3), np.zeros(3))[0] == pytest.approx(30.0)
-
-
 def test_reload_in_p_controller_mode_rebuilds_the_baseline(shm_name: str) -> None:
     """The legacy baseline's per-engine state follows the new engine set."""
 
     async def main() -> None:
-        svc = ControllerService(config(shm_name), mode="p-controller")
+        svc = ControllerService(config(shm_name), ControllerOptions(mode="p-controller"))
         svc.open()
         try:
             await svc.step()
             gen = svc.generation
             await svc.reload(config(shm_name, capacities=(10.0, 10.0, 10.0)))
-            assert svc.mode == "p-controller" and svc.baseline is not None
+            assert isinstance(svc.planner, PControllerPlanner)
+            assert svc.planner.mode == "p-controller"
             assert svc.plan is not None and svc.plan.weights.shape == (3, 3)
             assert svc.plan.result.status == "p-controller" and svc.generation == gen + 1
             np.testing.assert_allclose(svc.plan.weights.sum(axis=1), 1.0)
