@@ -3,14 +3,14 @@
 ``fastroute serve --config FILE [--workers N]`` starts a supervisor
 (:mod:`fastroute.proxy.supervisor`) that creates the host's shared stats block and runs
 N worker processes (default ``proxy.workers``) on one address with ``SO_REUSEPORT``.
-Each worker reads the config, attaches the stats block, builds the app
-(:func:`fastroute.proxy.app.make_app`) and serves it on uvloop with the lean HTTP/1.1
-server of :mod:`fastroute.proxy.server`.
+Each worker reads the config, attaches the stats block, builds and starts the app
+(:class:`fastroute.proxy.proxy_app.ProxyApp`) and serves it on uvloop with the lean
+HTTP/1.1 server of :mod:`fastroute.proxy.server`.
 
 Signals (to the supervisor, which forwards them): SIGTERM/SIGINT drain — listeners
 close at once, ``/health`` turns 503, in-flight requests (streams included) get
 ``proxy.drain_timeout_s`` to finish; SIGHUP reloads the config in every worker without
-closing the listeners (:func:`fastroute.proxy.app.reload_config`).
+closing the listeners (:meth:`fastroute.proxy.proxy_app.ProxyApp.reload`).
 
 ``--worker INDEX --supervisor-pid PID --stats-name NAME`` (internal) runs one worker.
 """
@@ -98,12 +98,11 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
     import sys
 
     import uvloop
-    from aiohttp import web
 
     from fastroute.config import Config
     from fastroute.errors import TableError
     from fastroute.policy import PolicyConfigError
-    from fastroute.proxy.app import make_app, reload_config
+    from fastroute.proxy.proxy_app import ProxyApp
     from fastroute.proxy.server import LeanServer
     from fastroute.proxy.supervisor import set_parent_death_signal, worker_parent_alive
     from fastroute.tables.stats import StatsBlock
@@ -123,26 +122,19 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
         return 1
     try:
         try:
-            app = make_app(config, stats_block=stats, config_path=args.config)
+            app = ProxyApp(config, stats_block=stats, config_path=args.config)
         except PolicyConfigError as exc:
             print(f"{args.config}: {exc}", file=sys.stderr)
             return 1
 
         async def serve() -> None:
             loop = asyncio.get_running_loop()
-            runner = web.AppRunner(
-                app,
-                handle_signals=False,
-                handler_cancellation=True,
-                access_log=None,
-                shutdown_timeout=config.proxy.drain_timeout_s,
-            )
-            await runner.setup()
+            await app.start()
             stop = asyncio.Event()
             reloads: set[asyncio.Task[bool]] = set()
 
             def on_hup() -> None:
-                task = loop.create_task(reload_config(app))
+                task = loop.create_task(app.reload())
                 reloads.add(task)
                 task.add_done_callback(reloads.discard)
 
@@ -168,7 +160,7 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
                 logger.info("worker %d: draining", args.worker)
             finally:
                 await server.drain(config.proxy.drain_timeout_s)  # stop listening, finish
-                await runner.cleanup()  # the app's shutdown and cleanup hooks
+                await app.stop()  # background tasks, table watcher, upstream pools
                 for task in list(reloads):
                     task.cancel()
 

@@ -18,11 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-from aiohttp import web
 
 from fastroute.proxy.reply import Reply
 
-__all__ = ["error_body", "error_response", "error_reply", "sse_error_event", "TYPE_BY_STATUS"]
+__all__ = ["error_body", "error_reply", "sse_error_event", "TYPE_BY_STATUS"]
 
 #: The ``error.type`` OpenAI uses for each status the proxy returns.
 TYPE_BY_STATUS: dict[int, str] = {
@@ -53,7 +52,7 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def error_response(
+def error_reply(
     status: int,
     message: str,
     *,
@@ -61,8 +60,8 @@ def error_response(
     param: str | None = None,
     type: str | None = None,  # noqa: A002 - OpenAI's field name
     headers: Mapping[str, str] | None = None,
-) -> web.Response:
-    """Build an OpenAI-shaped JSON error response.
+) -> Reply:
+    """Build an OpenAI-shaped JSON error as a :class:`~fastroute.proxy.reply.Reply`.
 
     Parameters
     ----------
@@ -77,26 +76,12 @@ def error_response(
     type : str, optional
         ``error.type``; default from :data:`TYPE_BY_STATUS`.
     headers : mapping, optional
-        Extra response headers (``Retry-After``, ``x-request-id``...).
+        Extra response headers (``Retry-After``...).
 
     Returns
     -------
-    aiohttp.web.Response
+    Reply
     """
-    body = _error_json(status, message, type, param, code)
-    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
-
-
-def error_reply(
-    status: int,
-    message: str,
-    *,
-    code: str | None = None,
-    param: str | None = None,
-    type: str | None = None,  # noqa: A002 - OpenAI's field name
-    headers: Mapping[str, str] | None = None,
-) -> Reply:
-    """:func:`error_response` as a front-end independent :class:`~fastroute.proxy.reply.Reply`."""
     body = _error_json(status, message, type, param, code)
     pairs = [("Content-Type", "application/json")]
     if headers:

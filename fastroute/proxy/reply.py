@@ -1,11 +1,9 @@
 """What the request path produces, independent of the HTTP server in front of it.
 
-The proxy has two front ends over one request path (:mod:`fastroute.proxy.handler`):
-the lean HTTP/1.1 server of ``fastroute serve`` (:mod:`fastroute.proxy.server`) and
-the aiohttp application (:func:`fastroute.proxy.app.make_app`, used in-process). A
-handler returns a :class:`Reply`; a streamed response goes through a :class:`Sink`
-the front end provides, and the handler then returns a ``Reply`` with
-``streamed=True`` (status only).
+The request path (:mod:`fastroute.proxy.handler`) is served by the lean HTTP/1.1
+server (:mod:`fastroute.proxy.server`). A handler returns a :class:`Reply`; a streamed
+response goes through a :class:`Sink` the front end provides, and the handler then
+returns a ``Reply`` with ``streamed=True`` (status only).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Reply", "Sink", "Splice", "Headers", "raw_head_pairs"]
+__all__ = ["Reply", "Sink", "Splice", "Headers"]
 
 #: Response headers as (name, value) pairs, in order.
 Headers = list[tuple[str, str]]
@@ -45,21 +43,6 @@ class Reply:
     body: bytes = b""
     streamed: bool = False
     raw_head: bytes = b""
-
-
-def raw_head_pairs(raw: bytes) -> Headers:
-    """The (name, value) pairs of encoded header lines (:attr:`Reply.raw_head`)."""
-    pairs: Headers = []
-    for line in raw.split(b"\r\n"):
-        if line:
-            name, _, value = line.partition(b":")
-            pairs.append(
-                (
-                    name.decode("utf-8", "surrogateescape"),
-                    value.strip().decode("utf-8", "surrogateescape"),
-                )
-            )
-    return pairs
 
 
 class Sink(Protocol):

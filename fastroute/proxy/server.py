@@ -2,9 +2,9 @@
 
 aiohttp's server (request objects, router, middleware, ``StreamResponse``) cost about as
 much CPU per proxied request as a whole Rust router; this server parses with httptools
-(llhttp), hands each request to :func:`fastroute.proxy.app.dispatch` and writes the
-answer to the transport itself. The application (routes, lifecycle, reload) is the one
-:func:`fastroute.proxy.app.make_app` builds; start it with ``web.AppRunner.setup()``.
+(llhttp), hands each request to :meth:`fastroute.proxy.proxy_app.ProxyApp.dispatch` and
+writes the answer to the transport itself. The application (routes, lifecycle, reload)
+is a :class:`~fastroute.proxy.proxy_app.ProxyApp`, started before the server.
 
 Behaviour
 ---------
@@ -32,20 +32,27 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
 from typing import Any
 
 import httptools
-from aiohttp import web
 
-from fastroute.proxy.app import begin_drain, current_context, dispatch, worker_pid
 from fastroute.proxy.handler import new_request_id
 from fastroute.proxy.openai_errors import error_reply
+from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.proxy.reply import Headers
 
-__all__ = ["LeanServer", "HeaderView", "MAX_PIPELINED", "MAX_DISCARD_BYTES", "MAX_HEADER_BYTES"]
+__all__ = [
+    "LeanServer",
+    "HeaderView",
+    "worker_pid",
+    "MAX_PIPELINED",
+    "MAX_DISCARD_BYTES",
+    "MAX_HEADER_BYTES",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +70,23 @@ _STATUS_LINES: dict[int, bytes] = {
     s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus
 }
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+# The pid as a header value, formatted once per process (os.getpid() is a syscall).
+_worker_pid = str(os.getpid())
+
+
+def _reset_worker_pid() -> None:
+    global _worker_pid
+    _worker_pid = str(os.getpid())
+
+
+os.register_at_fork(after_in_child=_reset_worker_pid)
+
+
+def worker_pid() -> str:
+    """This process's pid as the ``x-fastroute-worker`` header value."""
+    return _worker_pid
 
 
 def _status_line(status: int) -> bytes:
@@ -324,7 +348,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._reset_message()
-        self.limit = current_context(self.server.app).config.limits.max_body_bytes
+        self.limit = self.server.app.context.config.limits.max_body_bytes
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -423,16 +447,7 @@ class _Connection(asyncio.Protocol):
         sink = _StreamSink(self, rid)
         keep_alive = request.keep_alive and not self.close_after
         try:
-            reply = await dispatch(
-                self.server.app,
-                request.method,
-                request.path,
-                request,
-                self.remote,
-                request.body,
-                sink,
-                rid,
-            )
+            reply = await self.server.app.dispatch(request, self.remote, sink, rid)
             if not reply.streamed and not self.lost:
                 keep_alive = keep_alive and not self.close_after
                 head = self.head(
@@ -530,15 +545,15 @@ class LeanServer:
 
     Parameters
     ----------
-    app : aiohttp.web.Application
-        From :func:`fastroute.proxy.app.make_app`, already started
-        (``await web.AppRunner(app).setup()``).
+    app : ProxyApp
+        Already started (``await app.start()``); :meth:`drain` marks it draining, the
+        caller stops it afterwards.
     keepalive_s : float
         Idle keep-alive connections (and connections that do not complete a request)
         are closed after this many seconds.
     """
 
-    def __init__(self, app: web.Application, *, keepalive_s: float = 75.0) -> None:
+    def __init__(self, app: ProxyApp, *, keepalive_s: float = 75.0) -> None:
         self.app = app
         self.keepalive_s = keepalive_s
         self._sweep_s = min(_SWEEP_S, keepalive_s / 2)
@@ -585,7 +600,7 @@ class LeanServer:
         after ``timeout_s`` the remaining requests are cancelled and their connections
         closed.
         """
-        begin_drain(self.app)
+        self.app.begin_drain()
         if self._server is not None:
             self._server.close()
         if self._sweeper is not None:

@@ -1,7 +1,8 @@
 """Wire the signal-path background tasks into the proxy app (DESIGN.md §4, §5).
 
-:func:`install_signal_tasks` is called once by ``make_app``. Depending on the
-config it starts:
+:func:`install_signal_tasks` is called once by
+:class:`~fastroute.proxy.proxy_app.ProxyApp`, which starts and stops the returned
+:class:`SignalTasks` with itself. Depending on the config they are:
 
 * ``proxy.controller_url`` set: a :class:`~fastroute.proxy.reporter.Reporter`
   (per-window demand and engine reports, every ``proxy.report_interval_s``), whose
@@ -35,10 +36,9 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
-from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -52,7 +52,7 @@ from fastroute.proxy.reporter import Reporter
 from fastroute.proxy.scraper import EngineScraper
 from fastroute.signals.reports import DemandAggregator
 
-__all__ = ["SignalTasks", "SIGNALS", "install_signal_tasks"]
+__all__ = ["SignalTasks", "install_signal_tasks"]
 
 
 @dataclass
@@ -64,10 +64,28 @@ class SignalTasks:
     puller: WeightsPuller | None = None
     scraper: EngineScraper | None = None
     calibration: CalibrationPull | None = None
+    _running: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
+    def start(self) -> None:
+        """Run every configured component as a background task (needs a running loop)."""
+        for name, component in (
+            ("puller", self.puller),
+            ("reporter", self.reporter),
+            ("scraper", self.scraper),
+            ("calibration", self.calibration),
+        ):
+            if component is not None:
+                task = asyncio.create_task(component.run(), name=f"fastroute-{name}")
+                self._running.append(task)
 
-#: The app's :class:`SignalTasks`.
-SIGNALS = web.AppKey("fastroute_signals", SignalTasks)
+    async def stop(self) -> None:
+        """Cancel the background tasks and wait for them to end."""
+        running, self._running = self._running, []
+        for task in running:
+            task.cancel()
+        for task in running:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 class _SignalCollector(Collector):
@@ -176,22 +194,19 @@ def _engine_state(ctx: ProxyContext) -> tuple[Mapping[int, int], Mapping[int, bo
 
 
 def install_signal_tasks(
-    app: web.Application,
     ctx: ProxyContext,
     config: Config,
     *,
     table_name: str | None = None,
     current_context: Callable[[], ProxyContext] | None = None,
-) -> None:
-    """Add the configured signal-path background tasks to ``app.cleanup_ctx``.
+) -> SignalTasks:
+    """Build the configured signal-path components; their counters go on ``/metrics``.
 
-    Call once, after the app's own lifecycle was appended (so the upstream pool
-    and the table watcher start first and stop last).
+    The caller starts them (:meth:`SignalTasks.start`) after its upstream pool and
+    table watcher, and stops them (:meth:`SignalTasks.stop`) before those.
 
     Parameters
     ----------
-    app : aiohttp.web.Application
-        Gets ``app[SIGNALS]`` and one ``cleanup_ctx`` entry.
     ctx : ProxyContext
         ``ctx.aggregator`` is set when a controller is configured.
     config : Config
@@ -201,6 +216,11 @@ def install_signal_tasks(
         Returns the context in force (after config reloads); default ``ctx``. Its
         fleet supplies the in-flight counts and ejections of each report. A
         reloaded context must carry ``aggregator`` over from the previous one.
+
+    Returns
+    -------
+    SignalTasks
+        Not started yet.
 
     Notes
     -----
@@ -235,29 +255,6 @@ def install_signal_tasks(
         )
     if tasks.scraper is not None:
         attach_scraper(ctx, tasks.scraper)  # the marginal-cost engine load merges scrapes
-    app[SIGNALS] = tasks
-    if tasks.puller is None and tasks.reporter is None and tasks.scraper is None:
-        return
-    ctx.metrics.registry.register(_SignalCollector(tasks))
-    app.cleanup_ctx.append(_signal_lifecycle)
-
-
-async def _signal_lifecycle(app: web.Application) -> AsyncIterator[None]:
-    tasks = app[SIGNALS]
-    running: list[asyncio.Task[None]] = []
-    for name, component in (
-        ("puller", tasks.puller),
-        ("reporter", tasks.reporter),
-        ("scraper", tasks.scraper),
-        ("calibration", tasks.calibration),
-    ):
-        if component is not None:
-            running.append(asyncio.create_task(component.run(), name=f"fastroute-{name}"))
-    try:
-        yield
-    finally:
-        for task in running:
-            task.cancel()
-        for task in running:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    if tasks.puller is not None or tasks.reporter is not None or tasks.scraper is not None:
+        ctx.metrics.registry.register(_SignalCollector(tasks))
+    return tasks

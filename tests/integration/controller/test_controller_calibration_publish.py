@@ -22,13 +22,11 @@ from controller.app import SERVICE, make_app
 from controller.service import ControllerService
 from fastroute.config import decode_config
 from fastroute.predict import CalibrationSnapshot, FleetCalibration
-from fastroute.proxy.app import CONTEXT
-from fastroute.proxy.app import make_app as make_proxy_app
 from fastroute.proxy.calibration_pull import CalibrationPull
+from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.proxy.reporter import Reporter
-from fastroute.proxy.signal_tasks import SIGNALS
 from fastroute.signals.reports import DemandAggregator
-from fastroute.testing.servers import serve_app
+from fastroute.testing.servers import serve_app, serve_proxy_app
 from fastroute.testing.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -132,13 +130,13 @@ def test_a_marginal_cost_proxy_starts_from_the_published_calibration(
             extra = f'controller_url = "{url}"\nreport_interval_s = 0.2\n'
             text = two_region_toml(proxy_table, urls=FAKE_URLS, proxy=extra)
             text += '[policy]\ndefault = "marginal-cost"\n'
-            papp = make_proxy_app(decode_config(text, "proxy.toml"))
-            async with serve_app(papp) as purl, aiohttp.ClientSession() as http:
-                pull = papp[SIGNALS].calibration
+            papp = ProxyApp(decode_config(text, "proxy.toml"))
+            async with serve_proxy_app(papp) as (purl, _), aiohttp.ClientSession() as http:
+                pull = papp.signals.calibration
                 assert pull is not None
                 await wait_until(lambda: pull.outcome != "pending", timeout=10.0)
                 assert pull.outcome == "loaded"
-                cal = papp[CONTEXT].metrics.calibration
+                cal = papp.context.metrics.calibration
                 assert cal.model(TYPE).state().coef == worker.model(TYPE).state().coef
                 async with http.get(purl + "/metrics") as resp:
                     text = await resp.text()

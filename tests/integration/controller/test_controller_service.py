@@ -3,7 +3,7 @@
 The controller app runs in-process (``web.AppRunner`` on 127.0.0.1:0) over a config of engines
 in two regions (east: engine-0, engine-1; west: engine-2, engine-3; RTT 80 ms). Where a proxy is
 needed, the engines are the emulator (``EmulatedFleet``) and the proxy is
-``fastroute.proxy.app.make_app`` with ``controller_url`` set.
+``fastroute.proxy.proxy_app.ProxyApp`` with ``controller_url`` set.
 """
 
 from __future__ import annotations
@@ -32,15 +32,14 @@ from controller.service import ControllerService
 from fastroute.config import PRIORITIES, decode_config
 from fastroute.emulator.model import OutputLengthDistribution
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
-from fastroute.proxy.app import CONTEXT
-from fastroute.proxy.app import make_app as make_proxy_app
 from fastroute.proxy.fleet import class_key
+from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.signals.reports import ClassDemand, Report, encode_report
 from fastroute.tables import TableReader, TableSnapshot
 from fastroute.tables.segment import shm_dir
 from fastroute.tables.wire import decode_snapshot
 from fastroute.testing.processes import free_port, http_get
-from fastroute.testing.servers import serve_app
+from fastroute.testing.servers import serve_app, serve_proxy_app
 from fastroute.testing.waiting import poll_until, wait_until
 
 pytestmark = pytest.mark.integration
@@ -234,9 +233,9 @@ def test_proxy_pulls_routes_per_plan_and_its_reports_drive_demand(
         ):
             extra = f'controller_url = "{curl}"\nreport_interval_s = 0.2\n'
             pconfig = decode_config(config_toml(fleet.urls, proxy_table, proxy=extra), "p.toml")
-            papp = make_proxy_app(pconfig)
-            async with serve_app(papp) as purl:
-                ctx = papp[CONTEXT]
+            papp = ProxyApp(pconfig)
+            async with serve_proxy_app(papp) as (purl, _):
+                ctx = papp.context
                 await wait_until(lambda: ctx.fleet.state.generation > 0)
                 engines = set()
                 for i in range(10):

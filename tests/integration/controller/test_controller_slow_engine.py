@@ -22,10 +22,9 @@ from controller.service import ControllerService
 from fastroute.config import decode_config
 from fastroute.emulator.model import OutputLengthDistribution
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
-from fastroute.proxy.app import CONTEXT
-from fastroute.proxy.app import make_app as make_proxy_app
+from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.testing.configs import engines_toml
-from fastroute.testing.servers import serve_app
+from fastroute.testing.servers import serve_app, serve_proxy_app
 from fastroute.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -95,9 +94,9 @@ def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flappin
                 svc: ControllerService = capp[SERVICE]
                 extra = f'controller_url = "{curl}"\nreport_interval_s = 0.2\n'
                 pconfig = decode_config(config_toml(fleet.urls, proxy_table, extra), "p.toml")
-                papp = make_proxy_app(pconfig)
-                async with serve_app(papp) as purl:
-                    ctx = papp[CONTEXT]
+                papp = ProxyApp(pconfig)
+                async with serve_proxy_app(papp) as (purl, _):
+                    ctx = papp.context
                     await wait_until(lambda: ctx.fleet.state.generation > 0, timeout=10.0)
                     accepted = svc.metrics.reports.labels(outcome="accepted")
 

@@ -3,10 +3,8 @@
 Pattern: every test is a sync function that runs one coroutine with :func:`run`
 (``asyncio.run`` under a hard timeout). Inside, :func:`proxy_stack` starts an
 ``EmulatedFleet`` on ephemeral ports, writes a config naming those ports, and serves
-``make_app(config)`` on 127.0.0.1:0 as ``fastroute serve`` does: started by
-``web.AppRunner.setup()`` and served by the lean server (:class:`LeanServer`); with
-``front="aiohttp"``, by aiohttp's own ``TCPSite`` with ``handler_cancellation=True``
-(the in-process path other components use). The official ``openai``
+``ProxyApp(config)`` on 127.0.0.1:0 with the lean server (:class:`LeanServer`), as
+``fastroute serve`` workers do. The official ``openai``
 client (sync, ``max_retries=0``) is called through ``asyncio.to_thread`` so the
 proxy and the engines keep running on the test's loop while it blocks.
 """
@@ -23,15 +21,15 @@ from typing import Any
 
 import aiohttp
 import openai
-from aiohttp import web
 
 from fastroute.config import Config, decode_config
 from fastroute.emulator.model import EngineConfig, OutputLengthDistribution
 from fastroute.emulator.server import EmulatedFleet, EngineSpec, fleet_specs
-from fastroute.proxy.app import CONTEXT, current_context, make_app
 from fastroute.proxy.handler import ProxyContext
+from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.proxy.server import LeanServer
 from fastroute.testing.configs import engines_toml
+from fastroute.testing.servers import serve_proxy_app
 from fastroute.testing.waiting import wait_until
 
 MODEL = "demo-8b"
@@ -78,21 +76,19 @@ class Stack:
 
     fleet: EmulatedFleet
     config: Config
-    app: web.Application
-    runner: web.AppRunner
+    app: ProxyApp
     url: str
-    server: LeanServer | None = None
+    server: LeanServer
 
     async def drain(self) -> None:
         """Shut the proxy down as SIGTERM does: stop listening, let requests finish."""
-        if self.server is not None:
-            await self.server.drain(5.0)
-        await self.runner.cleanup()
+        await self.server.drain(5.0)
+        await self.app.stop()
 
     @property
     def ctx(self) -> ProxyContext:
         """The proxy's shared state."""
-        return self.app[CONTEXT]
+        return self.app.context
 
     def client(self) -> openai.OpenAI:
         """A sync ``openai`` client for the proxy (no client-side retries)."""
@@ -107,12 +103,8 @@ async def proxy_stack(
     table_name: str | None = None,
     engine_config: EngineConfig | None = None,
     timeouts: dict[str, float] | None = None,
-    front: str = "lean",
 ) -> AsyncIterator[Stack]:
-    """Start ``n_engines`` emulated engines and a proxy in front of them.
-
-    ``front`` is ``"lean"`` (``fastroute serve``'s server) or ``"aiohttp"``.
-    """
+    """Start ``n_engines`` emulated engines and a proxy in front of them."""
     specs = fleet_specs(
         n_engines,
         model_name=MODEL,
@@ -124,8 +116,8 @@ async def proxy_stack(
         config = decode_config(
             config_toml(fleet.urls, extra, table_name, timeouts), source="test.toml"
         )
-        async with serve_proxy(config, front=front) as (app, runner, url, server):
-            yield Stack(fleet, config, app, runner, url, server)
+        async with serve_proxy(config) as (app, url, server):
+            yield Stack(fleet, config, app, url, server)
 
 
 #: Roles of the P/D fleet of :func:`pd_stack` (engines ``prefill-0`` ... ``decode-3``).
@@ -150,34 +142,18 @@ async def pd_stack(extra: str = "") -> AsyncIterator[tuple[EmulatedFleet, ProxyC
     ]
     async with EmulatedFleet(specs) as fleet:
         toml = config_toml(fleet.urls, extra, names=names, roles=PD_ROLES)
-        async with serve_proxy(decode_config(toml, source="pd.toml")) as (app, _, url, _):
-            yield fleet, current_context(app), url
+        async with serve_proxy(decode_config(toml, source="pd.toml")) as (app, url, _):
+            yield fleet, app.context, url
 
 
 @contextlib.asynccontextmanager
 async def serve_proxy(
-    config: Config, *, front: str = "lean", keepalive_s: float = 75.0
-) -> AsyncIterator[tuple[web.Application, web.AppRunner, str, LeanServer | None]]:
-    """Serve ``make_app(config)`` on 127.0.0.1:0: (app, runner, url, lean server or None)."""
-    app = make_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
-    await runner.setup()
-    server: LeanServer | None = None
-    try:
-        if front == "aiohttp":
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        else:
-            assert front == "lean", front
-            server = LeanServer(app, keepalive_s=keepalive_s)
-            port = await server.start("127.0.0.1", 0)
-        yield app, runner, f"http://127.0.0.1:{port}", server
-    finally:
-        if server is not None and not server.draining:
-            await server.drain(1.0)
-        if runner.server is not None:  # not yet cleaned up by Stack.drain()
-            await runner.cleanup()
+    config: Config, *, keepalive_s: float = 75.0
+) -> AsyncIterator[tuple[ProxyApp, str, LeanServer]]:
+    """Serve ``ProxyApp(config)`` on 127.0.0.1:0 with the lean server: (app, url, server)."""
+    app = ProxyApp(config)
+    async with serve_proxy_app(app, keepalive_s=keepalive_s) as (url, server):
+        yield app, url, server
 
 
 async def decision_record(s: aiohttp.ClientSession, url: str, rid: str) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from multidict import CIMultiDict
 from proxy_harness import Harness, config_toml, serve_proxy
 
 from fastroute.config import decode_config
-from fastroute.proxy.app import current_context
 
 pytestmark = pytest.mark.integration
 
@@ -89,10 +88,10 @@ def test_engine_at_cap_is_skipped_then_requests_wait_then_429(h: Harness) -> Non
         config = decode_config(toml, source="t.toml")
         try:
             async with (
-                serve_proxy(config) as (app, _, url, _),
+                serve_proxy(config) as (app, url, _),
                 aiohttp.ClientSession() as s,
             ):
-                caps = current_context(app).fleet.caps
+                caps = app.context.fleet.caps
                 body = h.chat_body("hi")
                 session = {"x-session-id": "one-session"}
 

@@ -27,7 +27,6 @@ from proxy_harness import (
 from fastroute.config import decode_config
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.predict import FleetCalibration
-from fastroute.proxy.app import current_context
 from fastroute.proxy.engine_load import MIN_SAMPLES_TO_REJECT
 from fastroute.proxy.handler import ProxyContext
 
@@ -200,8 +199,8 @@ def test_calibration_corrects_wrong_nominal_constants(h: Harness) -> None:
         async with EmulatedFleet(specs) as fleet:
             toml = config_toml(fleet.urls, MARGINAL).replace('"h100"', '"a40"')
             config = decode_config(toml, source="a40.toml")
-            async with serve_proxy(config) as (app, _, url, _), aiohttp.ClientSession() as s:
-                policy = current_context(app).policies["marginal-cost"]
+            async with serve_proxy(config) as (app, url, _), aiohttp.ClientSession() as s:
+                policy = app.context.policies["marginal-cost"]
                 model = policy.calibration.model("a40")
                 a1_a40, b0_a40 = model.rls.coef[4], model.rls.coef[1]
                 errors = []
@@ -240,8 +239,8 @@ def test_scraped_engine_load_counts_requests_the_proxy_did_not_route(h: Harness)
                 "[proxy]\n", scrape + "scrape_timeout_s = 0.05\n"
             )
             config = decode_config(toml, source="scrape.toml")
-            async with serve_proxy(config) as (app, _, url, _), aiohttp.ClientSession() as s:
-                load = current_context(app).fleet.load
+            async with serve_proxy(config) as (app, url, _), aiohttp.ClientSession() as s:
+                load = app.context.fleet.load
                 assert load is not None and load.scraper is not None
                 body = h.chat_body("direct", stream=True, max_tokens=4000, ignore_eos=True)
                 async with s.post(fleet.urls[0] + "/v1/chat/completions", json=body) as direct:

@@ -1,8 +1,8 @@
 """The signal path on loopback: weights puller, reporter and engine scraper.
 
 A tiny aiohttp stub plays the controller (long-poll ``GET /v1/table``, ``POST
-/v1/reports``); engines are the emulator; the proxy is ``make_app`` plus
-the signal tasks it installs.
+/v1/reports``); engines are the emulator; the proxy is a ``ProxyApp`` (served by
+the lean server) plus the signal tasks it installs.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from proxy_harness import MODEL, SHORT_OUTPUTS, Harness, config_toml, wait_until
 from fastroute.config import decode_config
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.hashing import engine_id
-from fastroute.proxy.app import CONTEXT, make_app
 from fastroute.proxy.fleet import class_key
+from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.proxy.puller import WeightsPuller
 from fastroute.proxy.reporter import Reporter
-from fastroute.proxy.signal_tasks import SIGNALS
 from fastroute.signals.reports import DemandAggregator, Report, decode_report
 from fastroute.tables import TableReader, TableSnapshot, TableWriter
 from fastroute.tables.wire import encode_snapshot, make_snapshot
+from fastroute.testing.servers import serve_proxy_app
 
 pytestmark = pytest.mark.integration
 
@@ -264,7 +264,7 @@ def test_reporter_drops_refused_reports(h: Harness) -> None:
 @contextlib.asynccontextmanager
 async def _signal_stack(
     n_engines: int, extra: str, table_name: str | None = None, compat: str = "current"
-) -> AsyncIterator[tuple[EmulatedFleet, web.Application, str]]:
+) -> AsyncIterator[tuple[EmulatedFleet, ProxyApp, str]]:
     specs = fleet_specs(
         n_engines,
         model_name=MODEL,
@@ -279,16 +279,9 @@ async def _signal_stack(
             ),
             source="test.toml",
         )
-        app = make_app(config)  # installs the signal tasks the config asks for
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            yield fleet, app, f"http://127.0.0.1:{port}"
-        finally:
-            await runner.cleanup()
+        app = ProxyApp(config)  # installs the signal tasks the config asks for
+        async with serve_proxy_app(app, drain_timeout_s=2.0) as (url, _):
+            yield fleet, app, url
 
 
 def test_proxy_follows_the_controller_and_reports_demand(h: Harness, shm_name: str) -> None:
@@ -306,7 +299,7 @@ def test_proxy_follows_the_controller_and_reports_demand(h: Harness, shm_name: s
                 _signal_stack(2, extra, table_name=shm_name) as (_, app, url),
                 aiohttp.ClientSession() as s,
             ):
-                ctx = app[CONTEXT]
+                ctx = app.context
                 assert ctx.aggregator is not None
                 await wait_until(lambda: ctx.fleet.state.generation > 0)
                 engines = []
@@ -341,7 +334,7 @@ def test_proxy_follows_the_controller_and_reports_demand(h: Harness, shm_name: s
                 assert last.source_cluster == "local" and last.worker_id
                 ids = {e.engine_id for e in last.engines}
                 assert ids == {engine_id("engine-0"), engine_id("engine-1")}  # state every window
-                assert app[SIGNALS].puller is not None and app[SIGNALS].puller.active
+                assert app.signals.puller is not None and app.signals.puller.active
                 async with s.get(url + "/metrics") as resp:
                     text = await resp.text()
                 assert "fastroute_proxy_weights_updates_total 1.0" in text
@@ -362,7 +355,7 @@ def test_slow_engine_metrics_never_delay_routing(h: Harness) -> None:
             aiohttp.ClientSession() as s,
         ):
             fleet[0].faults.apply({"metrics_delay_s": 5.0})
-            scraper = app[SIGNALS].scraper
+            scraper = app.signals.scraper
             assert scraper is not None
             slow, fast = scraper.results["engine-0"], scraper.results["engine-1"]
             await wait_until(lambda: slow.errors_total >= 2 and fast.signals is not None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastroute.config import decode_config
 from fastroute.policy.marginal import MarginalCost, MarginalPairs
-from fastroute.proxy.app import _build_context
+from fastroute.proxy.proxy_app import build_context
 
 _ENGINES = (
     '[[engines]]\nname = "c0"\nurl = "http://127.0.0.1:9000"\nmodels = ["m"]\n\n'
@@ -16,7 +16,7 @@ MARGINAL = _ENGINES + '[policy]\ndefault = "marginal-cost"\n'
 
 
 def test_one_instance_everywhere_and_pairs_for_pd() -> None:
-    ctx = _build_context(decode_config(MARGINAL), None, None)
+    ctx = build_context(decode_config(MARGINAL), None, None)
     policy = ctx.policies["marginal-cost"]
     assert isinstance(policy, MarginalCost)
     assert ctx.pd is not None
@@ -37,8 +37,8 @@ def test_one_instance_everywhere_and_pairs_for_pd() -> None:
 
 def test_a_reload_keeps_what_was_learned() -> None:
     config = decode_config(MARGINAL)
-    first = _build_context(config, None, None)
-    second = _build_context(config, None, first)
+    first = build_context(config, None, None)
+    second = build_context(config, None, first)
     old, new = first.policies["marginal-cost"], second.policies["marginal-cost"]
     assert new is not old
     assert new.calibration is old.calibration and new.output_lengths is old.output_lengths
@@ -46,7 +46,7 @@ def test_a_reload_keeps_what_was_learned() -> None:
 
 
 def test_other_policies_get_no_engine_load_or_calibration_metrics() -> None:
-    ctx = _build_context(decode_config(_ENGINES), None, None)
+    ctx = build_context(decode_config(_ENGINES), None, None)
     assert ctx.fleet.load is None
     assert ctx.pd is not None and ctx.pd.prefill.load is None and ctx.pd.decode.load is None
     assert b"fastroute_proxy_calibration" not in ctx.metrics.render()

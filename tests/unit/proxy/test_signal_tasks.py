@@ -8,7 +8,7 @@ import pytest
 
 from fastroute.config import decode_config
 from fastroute.hashing import engine_id
-from fastroute.proxy.app import _build_context
+from fastroute.proxy.proxy_app import build_context
 from fastroute.proxy.signal_tasks import _engine_state
 from fastroute.tables.stats import Counter, StatsBlock
 
@@ -33,7 +33,7 @@ def test_report_carries_this_workers_in_flight_only(
     config = decode_config(_CONFIG, source="t.toml")
     block = StatsBlock.create("report-share", [engine_id("e0"), engine_id("e1")])
     try:
-        ctx = _build_context(config, block, None)
+        ctx = build_context(config, block, None)
         block.add(0, Counter.IN_FLIGHT, 5)  # another worker of this host
         ctx.fleet.attempt_started(0)
         assert list(ctx.fleet.in_flight) == [6, 0]  # what routing balances on

@@ -1,0 +1,411 @@
+"""The proxy application: lifecycle, config reloads and request dispatch, no HTTP server.
+
+A :class:`ProxyApp` is built from a :class:`~fastroute.config.Config`; the lean
+HTTP/1.1 server (:class:`fastroute.proxy.server.LeanServer`) parses requests, hands
+them to :meth:`ProxyApp.dispatch` and writes the :class:`~fastroute.proxy.reply.Reply`
+(routes: :mod:`fastroute.proxy.routes`). ``fastroute serve`` workers and the
+in-process tests run exactly this pair.
+
+aiohttp is no HTTP *server* of the proxy any more; it remains the HTTP *client* of
+the signal path (weights puller, reporter, engine scraper, calibration pull), which
+:meth:`ProxyApp.start` runs as background tasks.
+
+Lifecycle: :meth:`ProxyApp.start` opens the upstream pool, polls the weight table
+once (so ``/ready`` reflects it) and then every :data:`TABLE_POLL_INTERVAL_S` in a
+background task, and starts the signal tasks. :meth:`ProxyApp.stop` (after the server
+drained) marks the app draining, stops the signal tasks, waits for retiring
+generations and closes the pool.
+
+Reload (:meth:`ProxyApp.reload`, on SIGHUP in ``fastroute serve`` workers): the
+request path's objects are grouped in a *generation* (context, handler, table
+watcher); a reload builds a new one and routes new requests to it, while requests
+already running finish on theirs. :attr:`ProxyApp.context` is the context in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol
+
+from prometheus_client import Counter
+
+from fastroute.config import Config, ConfigError, load_config
+from fastroute.policy import PolicyConfigError
+from fastroute.proxy.admission import AdmissionQueue, QueueDelayGuard
+from fastroute.proxy.decisions import DecisionLog
+from fastroute.proxy.fleet import Fleet, FleetState, TableWatcher
+from fastroute.proxy.handler import Incoming, InferenceHandler, ProxyContext, build_policies
+from fastroute.proxy.marginal_setup import install_marginal
+from fastroute.proxy.metrics import ProxyMetrics
+from fastroute.proxy.pd import PDPools
+from fastroute.proxy.reply import Reply, Sink
+from fastroute.proxy.retry_budget import RetryBudget
+from fastroute.proxy.routes import INFERENCE_PATHS, get_reply, is_get_path, not_allowed, unknown_url
+from fastroute.proxy.signal_tasks import SignalTasks, install_signal_tasks
+from fastroute.proxy.upstream import UpstreamPool
+from fastroute.tables.stats import StatsBlock
+
+__all__ = ["ProxyApp", "ServedRequest", "build_context", "TABLE_POLL_INTERVAL_S"]
+
+logger = logging.getLogger(__name__)
+
+#: How often the background task checks the weight table's generation, seconds.
+TABLE_POLL_INTERVAL_S = 0.5
+
+
+class ServedRequest(Incoming, Protocol):
+    """A parsed request as the front end hands it to :meth:`ProxyApp.dispatch`."""
+
+    @property
+    def method(self) -> str:
+        """The request method."""
+
+    @property
+    def body(self) -> bytes | None:
+        """The whole body; None when it was over ``limits.max_body_bytes``."""
+
+
+@dataclass(eq=False)
+class _Generation:
+    """One config's request-path objects; in-flight requests finish on their own."""
+
+    ctx: ProxyContext
+    handler: InferenceHandler
+    watcher: TableWatcher
+    task: asyncio.Task[None] | None = None
+    active: int = 0
+    retired: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def build_context(
+    config: Config,
+    stats_block: StatsBlock | None,
+    previous: ProxyContext | None,
+    published_at: Callable[[], float | None] | None = None,
+) -> ProxyContext:
+    """A fresh request-path context; metrics and decisions carry over from ``previous``.
+
+    Parameters
+    ----------
+    config : Config
+    stats_block : StatsBlock or None
+        The host's shared per-engine stats block.
+    previous : ProxyContext or None
+        The context being replaced (a reload); its metrics, decision log, signal
+        aggregator, scraper and calibration are kept, and its admission queue when
+        ``[admission]`` and ``limits`` did not change.
+    published_at : callable, optional
+        The weight table's publish time for the metrics of a first context; default
+        this context's fleet's.
+
+    Raises
+    ------
+    fastroute.policy.PolicyConfigError
+        A configured policy is not implemented or has invalid parameters.
+    """
+    policies = build_policies(config)  # may raise PolicyConfigError: before any side effect
+    fleet = Fleet(config, stats_block=stats_block)
+    if previous is not None:
+        metrics, decisions = previous.metrics, previous.decisions
+    else:
+        metrics = ProxyMetrics(published_at or (lambda: fleet.state.published_at))
+        decisions = DecisionLog()
+    ctx = ProxyContext(
+        config=config,
+        fleet=fleet,
+        policies=policies,
+        budget=RetryBudget(
+            ratio=config.retry.ratio,
+            min_retries_per_s=config.retry.min_retries_per_s,
+            ttl_s=config.retry.ttl_s,
+            max_retries=config.retry.max_retries,
+        ),
+        admission=_admission(config, previous),
+        decisions=decisions,
+        metrics=metrics,
+    )
+    if PDPools.needed(config):
+        ctx.pd = PDPools(config, build_policies(config), build_policies(config), stats_block)
+    aggregator = getattr(previous, "aggregator", None)
+    if aggregator is not None:
+        ctx.aggregator = aggregator  # the signal path's counters outlive reloads
+    ctx.scraper = getattr(previous, "scraper", None)
+    install_marginal(ctx, previous)
+    return ctx
+
+
+def _admission(config: Config, previous: ProxyContext | None) -> AdmissionQueue | None:
+    adm = config.admission
+    if (
+        previous is not None
+        and previous.config.admission == adm
+        and (
+            previous.config.limits.max_concurrent_requests == config.limits.max_concurrent_requests
+        )
+    ):
+        return previous.admission  # same limits: keep the slots held by old requests
+    if not adm.enabled:
+        return None
+    guard_kwargs: dict[str, float | int] = {
+        "max_queue_len": adm.max_queue_len,
+        "interval_s": adm.interval_s,
+        "max_wait_s": adm.max_wait_s,
+        "retry_after_s": float(adm.retry_after_s),
+    }
+    if adm.target_sojourn_s is not None:
+        guard_kwargs["target_s"] = adm.target_sojourn_s
+    guard = QueueDelayGuard(config.limits.max_concurrent_requests, **guard_kwargs)  # type: ignore[arg-type]
+    return AdmissionQueue(guard)
+
+
+def _new_generation(ctx: ProxyContext, table_name: str) -> _Generation:
+    def on_change(state: FleetState) -> None:
+        ctx.metrics.table_generation.set(state.generation)
+
+    watcher = TableWatcher(
+        ctx.fleet, table_name, interval_s=TABLE_POLL_INTERVAL_S, on_change=on_change
+    )
+    return _Generation(ctx=ctx, handler=InferenceHandler(ctx), watcher=watcher)
+
+
+def _start_generation(gen: _Generation) -> None:
+    gen.watcher.poll()  # adopt an existing table before serving with this generation
+    gen.task = asyncio.create_task(gen.watcher.run(), name="fastroute-table-watcher")
+
+
+async def _stop_generation(gen: _Generation, wait_s: float | None) -> None:
+    """Stop the watcher, wait (bounded) for the generation's requests, close its pool."""
+    if gen.task is not None:
+        gen.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gen.task
+    gen.watcher.close()
+    if wait_s is not None and gen.active:
+        gen.idle.clear()
+        if gen.active:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(gen.idle.wait(), wait_s)
+    if gen.ctx.upstream is not None:
+        await gen.ctx.upstream.close()
+
+
+async def _done(reply: Reply) -> Reply:
+    return reply
+
+
+class ProxyApp:
+    """The proxy's request path, background tasks and reloads behind one object.
+
+    Parameters
+    ----------
+    config : Config
+        Validated configuration.
+    table_name : str, optional
+        Shared-memory weight table to follow; default ``config.proxy.table_name`` (of
+        the config in force, after a reload too).
+    stats_block : StatsBlock, optional
+        The host's shared per-engine stats block (supervised workers). Without it,
+        in-flight counts, totals and EWMAs are private to this process.
+    config_path : str or Path, optional
+        The file ``config`` came from; :meth:`reload` without a config re-reads it.
+
+    Attributes
+    ----------
+    signals : SignalTasks
+        The signal-path components (puller, reporter, scraper, calibration pull).
+
+    Raises
+    ------
+    fastroute.policy.PolicyConfigError
+        A configured policy is not implemented or has invalid parameters.
+
+    Notes
+    -----
+    Use as ``async with ProxyApp(config) as app:`` or call :meth:`start` and
+    :meth:`stop`; requests are dispatched only in between.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        table_name: str | None = None,
+        stats_block: StatsBlock | None = None,
+        config_path: str | Path | None = None,
+    ) -> None:
+        ctx = build_context(
+            config, stats_block, None, lambda: self._current.ctx.fleet.state.published_at
+        )
+        self._current = _new_generation(ctx, table_name or config.proxy.table_name)
+        self._stats_block = stats_block
+        self._table_name = table_name
+        self._config_path = Path(config_path) if config_path is not None else None
+        self._reloads = Counter(
+            "fastroute_proxy_config_reloads",
+            "Config reloads (SIGHUP) by result: ok, or error (the old config stays).",
+            ["result"],
+            registry=ctx.metrics.registry,
+        )
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._reload_lock = asyncio.Lock()
+        self._stopped = False
+        self.signals: SignalTasks = install_signal_tasks(
+            ctx, config, table_name=table_name, current_context=lambda: self.context
+        )
+
+    @property
+    def context(self) -> ProxyContext:
+        """The context new requests use (the latest reload's)."""
+        return self._current.ctx
+
+    async def start(self) -> None:
+        """Open the upstream pool, adopt the weight table, start the background tasks."""
+        gen = self._current
+        gen.ctx.upstream = UpstreamPool(gen.ctx.config)
+        _start_generation(gen)
+        gen.ctx.ready = True
+        self.signals.start()
+
+    async def stop(self) -> None:
+        """Mark draining, stop the background tasks, close every generation's pool.
+
+        Call after the front end stopped serving (requests still running on the
+        current generation are not waited for). Idempotent.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        self.begin_drain()
+        await self.signals.stop()
+        for task in list(self._retiring):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await _stop_generation(self._current, None)
+
+    async def __aenter__(self) -> ProxyApp:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def begin_drain(self) -> None:
+        """Mark the app draining: ``/health`` and ``/ready`` answer 503 from now on."""
+        self._current.ctx.draining = True
+
+    def dispatch(
+        self, request: ServedRequest, remote: str | None, sink: Sink, rid: str
+    ) -> Awaitable[Reply]:
+        """Serve one request: every route's answer, OpenAI-shaped 404/405 included.
+
+        Not a coroutine itself but returns one: one coroutine layer less per request.
+
+        Parameters
+        ----------
+        request : ServedRequest
+            Method, path (without the query string), headers and body.
+        remote : str or None
+            The client's address (admin routes are open to loopback).
+        sink : Sink
+            For streamed responses.
+        rid : str
+            The request id.
+        """
+        method, path = request.method, request.path
+        kind = INFERENCE_PATHS.get(path)
+        if kind is not None:
+            if method != "POST":
+                return _done(not_allowed(method, path, ("POST",)))
+            return self._infer(request, kind, sink, rid)
+        if is_get_path(path):
+            if method not in ("GET", "HEAD"):
+                return _done(not_allowed(method, path, ("GET", "HEAD")))
+            return _done(get_reply(self._current.ctx, path, request.headers, remote))
+        return _done(unknown_url(method, path))
+
+    async def _infer(self, request: ServedRequest, kind: str, sink: Sink, rid: str) -> Reply:
+        """Run the request path of the generation in force, counted in its ``active``."""
+        gen = self._current
+        gen.active += 1
+        try:
+            return await gen.handler.handle(request, kind, request.body, sink, rid)
+        finally:
+            gen.active -= 1
+            if gen.active == 0:
+                gen.idle.set()
+
+    async def reload(self, config: Config | None = None) -> bool:
+        """Swap in a new configuration for new requests, without touching the listener.
+
+        Requests already being handled finish on the objects they started with (fleet,
+        policies, upstream pool); their pool is closed once they are done (bounded by
+        the old ``timeouts.total_timeout_s``). Metrics, decision records and the shared
+        stats block carry over; the outlier detector and retry budget start fresh; the
+        admission queue is kept when ``[admission]`` and ``limits`` did not change.
+
+        Parameters
+        ----------
+        config : Config, optional
+            The new configuration; default: re-read the app's ``config_path``.
+
+        Returns
+        -------
+        bool
+            True if the new config is in force; False if it was invalid (logged, counted
+            in ``fastroute_proxy_config_reloads_total{result="error"}``, old config kept).
+        """
+        async with self._reload_lock:
+            old = self._current
+            try:
+                if config is None:
+                    if self._config_path is None:
+                        raise ConfigError("this proxy was not started from a config file")
+                    config = load_config(self._config_path)
+                ctx = build_context(config, self._stats_block, old.ctx)
+            except (ConfigError, PolicyConfigError, OSError) as exc:
+                self._reloads.labels("error").inc()
+                logger.error("config reload failed, keeping the current config: %s", exc)
+                return False
+            _warn_restart_only(old.ctx.config, config)
+            ctx.upstream = UpstreamPool(config)
+            ctx.ready = True
+            ctx.draining = old.ctx.draining
+            gen = _new_generation(ctx, self._table_name or config.proxy.table_name)
+            _start_generation(gen)
+            self._current = gen
+            self._retire(old)
+            self._reloads.labels("ok").inc()
+            logger.info(
+                "config reloaded: %d engines, default policy %s",
+                len(config.engines),
+                config.policy.default,
+            )
+            return True
+
+    def _retire(self, old: _Generation) -> None:
+        """Close ``old`` in the background once its requests are done (bounded)."""
+        old.retired = True
+        wait_s = old.ctx.config.timeouts.total_timeout_s + 1.0
+        task = asyncio.create_task(_stop_generation(old, wait_s), name="fastroute-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+
+def _warn_restart_only(old: Config, new: Config) -> None:
+    for field_name in ("host", "port", "workers", "stats_name"):
+        if getattr(old.proxy, field_name) != getattr(new.proxy, field_name):
+            logger.warning(
+                "proxy.%s changed: takes effect only after a restart, not on reload", field_name
+            )
