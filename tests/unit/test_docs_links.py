@@ -26,10 +26,11 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 OUTSIDE = re.compile(r"reference/algorithms\.md|DESIGN\.md|\.\./shared")
 #: "issue 4", "issue #7", "issues 4, 7", "Issue 9's".
 ISSUE_NUMBER = re.compile(r"\bissues? #?\d", re.IGNORECASE)
-#: Generated files whose text comes from code docstrings: their source is fixed in the code and
-#: the file regenerated (``python -m fastroute.config > docs/configuration.md``); until then the
-#: mention check skips them. The link check still applies.
-GENERATED = {ROOT / "docs" / "configuration.md"}
+#: Generated files whose text comes from code docstrings (``python -m fastroute.config >
+#: docs/configuration.md``) that still carry outside references: expected to fail the mention
+#: check until the docstrings are fixed and the file regenerated. Strict, so the entry must be
+#: removed then.
+STALE_GENERATED = {ROOT / "docs" / "configuration.md"}
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -66,18 +67,18 @@ def anchors(path: Path) -> set[str]:
     return out
 
 
-def broken_links(path: Path) -> list[str]:
-    """The relative links of ``path`` whose file or anchor does not exist."""
+def broken_links(path: Path, root: Path = ROOT) -> list[str]:
+    """The relative links of ``path`` whose file (inside ``root``) or anchor does not exist."""
     broken: list[str] = []
     for target in _LINK.findall(_prose(path.read_text())):
         if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
             continue
         file_part, _, anchor = target.partition("#")
-        dest = (path.parent / file_part).resolve() if file_part else path
-        if not dest.exists() or ROOT not in (dest, *dest.parents):
+        dest = (path.parent / file_part).resolve() if file_part else path.resolve()
+        if not dest.exists() or root.resolve() not in (dest, *dest.parents):
             broken.append(f"{target}: no such file in the repository")
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
-            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+            broken.append(f"{target}: no heading #{anchor} in {dest.name}")
     return broken
 
 
@@ -89,9 +90,21 @@ def test_the_checks_catch_what_they_should(tmp_path: Path) -> None:
         "12-latency-profile--convex-piecewise-linear-cost"
     )
     assert _slug("`marginal-cost`") == "marginal-cost"
-    sample = tmp_path / "x.md"
-    sample.write_text("[a](nowhere.md) [b](#nope) [c](https://example.org) `[d](skipped.md)`\n# Top\n")
-    assert [b.split(":")[0] for b in broken_links(sample)] == ["nowhere.md", "#nope"]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "there.md").write_text("# Top\n## Top\n")
+    (tmp_path / "outside.md").write_text("")
+    sample = repo / "x.md"
+    sample.write_text(
+        "[a](nowhere.md) [b](#nope) [c](https://example.org) `[d](skipped.md)` [e](#x)\n"
+        "[f](there.md#top-1) [g](there.md#top-2) [h](../outside.md)\n# X\n"
+    )
+    assert broken_links(sample, root=repo) == [
+        "nowhere.md: no such file in the repository",
+        "#nope: no heading #nope in x.md",
+        "there.md#top-2: no heading #top-2 in there.md",
+        "../outside.md: no such file in the repository",
+    ]
     assert OUTSIDE.search("see DESIGN.md §3") and OUTSIDE.search("../shared/traces")
     assert ISSUE_NUMBER.search("Issue 9's figures") and ISSUE_NUMBER.search("(issue #7)")
     assert not ISSUE_NUMBER.search("a known issue with the tree")
@@ -103,7 +116,12 @@ def test_relative_links_resolve(path: Path) -> None:
     assert broken_links(path) == []
 
 
-@pytest.mark.parametrize("path", [p for p in DOCS if p not in GENERATED], ids=_name)
+def _mention_params() -> list[object]:
+    stale = pytest.mark.xfail(strict=True, reason="generated from docstrings not yet rewritten")
+    return [pytest.param(p, id=_name(p), marks=stale if p in STALE_GENERATED else ()) for p in DOCS]
+
+
+@pytest.mark.parametrize("path", _mention_params())
 def test_no_reference_outside_the_repository(path: Path) -> None:
     """No mention of notes that are not in the repository, nor of tracker issues by number."""
     text = path.read_text()
