@@ -35,6 +35,7 @@ ALLOWED_FASTROUTE: dict[str, tuple[str, ...]] = {
         "fastroute.errors",
         "fastroute.policy",
         "fastroute.hashing",
+        "fastroute.hardware",  # seed latencies of the datasheet profiles (controller/service.py)
         "fastroute.systemd",  # sd_notify readiness of the controller process (controller/cli.py)
     ),
 }

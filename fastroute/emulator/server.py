@@ -50,7 +50,7 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
-from fastroute.emulator.profiles import get_profile, true_profile
+from fastroute.emulator.profiles import true_profile
 from fastroute.emulator.protocol import (
     SSE_DONE,
     ChunkEncoder,
@@ -68,6 +68,7 @@ from fastroute.emulator.tokens import (
     tokenize_ids,
     tokenize_text,
 )
+from fastroute.hardware import get_profile
 from fastroute.hashing import key_hash
 
 __all__ = [
@@ -105,7 +106,7 @@ class EngineSpec:
     model_name : str
         Served model name (``/v1/models``, the ``model`` field, metric label).
     profile : str
-        Hardware profile (:data:`~fastroute.emulator.profiles.PROFILES`): the engine's
+        Hardware profile (:data:`~fastroute.hardware.PROFILES`): the engine's
         name for its hardware (``/metrics``), and its datasheet step times.
     step_time_factors : mapping of str to float
         The engine's *true* step times: the profile's coefficients scaled by these

@@ -13,7 +13,7 @@ the chunking of a text hashes identically to that text.
 
 KV blocks are identified by chained hashes, as in vLLM's prefix cache:
 ``h_i = xxh3_64(h_{i-1} as 8 bytes ‖ bytes of block i)``, one per *full* block
-of :data:`~fastroute.emulator.profiles.BLOCK_SIZE_TOKENS` tokens.
+of :data:`~fastroute.hardware.BLOCK_SIZE_TOKENS` tokens.
 
 Chat messages are rendered with a Llama-3-style template (documented in
 ``docs/emulator.md``)::
@@ -31,7 +31,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from fastroute.emulator.profiles import BLOCK_SIZE_TOKENS
+from fastroute.hardware import BLOCK_SIZE_TOKENS
 from fastroute.hashing import key_hash
 
 __all__ = [

@@ -40,7 +40,8 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
-from fastroute.emulator.profiles import get_profile, true_profile
+from fastroute.emulator.profiles import true_profile
+from fastroute.hardware import get_profile
 from fastroute.hashing import engine_id as make_engine_id
 from fastroute.hashing import key_hash
 from fastroute.policy import RouteRequest

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from fastroute.emulator.model import EngineConfig, EngineModel
-from fastroute.emulator.profiles import HardwareProfile
+from fastroute.hardware import HardwareProfile
 from fastroute.policy import Policy, RouteRequest, make_policy
 from fastroute.policy.marginal import EngineState, StaticEngineStateView
 from fastroute.predict.interleave import PrefillInterleave

@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from fastroute.emulator.profiles import get_profile, true_profile
+from fastroute.emulator.profiles import true_profile
+from fastroute.hardware import get_profile
 from fastroute.sim.metrics import Slo
 from fastroute.sim.replay import ReplayComponent, ReplayMix
 from fastroute.workload import ChatWorkload, WorkloadError
@@ -90,7 +91,7 @@ class EngineGroup(msgspec.Struct, **_OPTS):
     region : str
         Region they run in (default: the first region).
     profile : str
-        Hardware profile (:data:`fastroute.emulator.profiles.PROFILES`).
+        Hardware profile (:data:`fastroute.hardware.PROFILES`).
     model : str
         Model they serve.
     role : {"mixed", "prefill", "decode"}

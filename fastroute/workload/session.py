@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from fastroute.emulator.profiles import BLOCK_SIZE_TOKENS
 from fastroute.emulator.tokens import BYTES_PER_TOKEN, TokenizedPrompt, render_chat
+from fastroute.hardware import BLOCK_SIZE_TOKENS
 from fastroute.hashing import key_hash
 
 __all__ = [

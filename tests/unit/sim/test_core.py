@@ -7,8 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fastroute.emulator.profiles import get_profile
 from fastroute.emulator.tokens import count_text_tokens, render_chat
+from fastroute.hardware import get_profile
 from fastroute.policy import POLICIES
 from fastroute.proxy import admission, outlier, retry_budget
 from fastroute.sim import Simulator, summarize

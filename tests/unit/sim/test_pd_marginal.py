@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fastroute.emulator.profiles import PROFILES
+from fastroute.hardware import PROFILES
 from fastroute.predict.calibration import FleetCalibration
 from fastroute.sim.core import Simulator
 from fastroute.sim.scenario import apply_settings, load_scenario_dict, scenario_from_dict
