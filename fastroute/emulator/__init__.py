@@ -6,7 +6,8 @@
   uses it too.
 * :mod:`~fastroute.emulator.profiles` — the *true* step times: a datasheet profile
   (:mod:`fastroute.hardware`) scaled by per-coefficient factors.
-* :mod:`~fastroute.emulator.tokens` — the tokenizer approximation and chat template.
+* :mod:`~fastroute.emulator.output_text` — the generated text (the tokenizer
+  approximation and chat template are :mod:`fastroute.tokens`).
 * :mod:`~fastroute.emulator.server` — the aiohttp server (OpenAI API, SSE, vLLM
   metrics, P/D protocol) and :class:`EmulatedFleet` for tests and benchmarks.
 * :mod:`~fastroute.emulator.faults` — fault injection.
@@ -26,7 +27,6 @@ from fastroute.emulator.model import (
     StepResult,
     replay,
 )
-from fastroute.emulator.tokens import TokenizedPrompt, render_chat, tokenize_ids, tokenize_text
 
 __all__ = [
     "EngineConfig",
@@ -37,9 +37,5 @@ __all__ = [
     "Request",
     "RequestTooLongError",
     "StepResult",
-    "TokenizedPrompt",
-    "render_chat",
     "replay",
-    "tokenize_ids",
-    "tokenize_text",
 ]

@@ -50,6 +50,7 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
+from fastroute.emulator.output_text import output_token_text
 from fastroute.emulator.profiles import true_profile
 from fastroute.emulator.protocol import (
     SSE_DONE,
@@ -61,15 +62,9 @@ from fastroute.emulator.protocol import (
     error_body,
     usage_dict,
 )
-from fastroute.emulator.tokens import (
-    TokenizedPrompt,
-    output_token_text,
-    render_chat,
-    tokenize_ids,
-    tokenize_text,
-)
 from fastroute.hardware import get_profile
 from fastroute.hashing import key_hash
+from fastroute.tokens import TokenizedPrompt, render_chat, tokenize_ids, tokenize_text
 
 __all__ = [
     "EngineSpec",
