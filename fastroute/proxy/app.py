@@ -57,8 +57,10 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from fastroute.config import Config, ConfigError, load_config
+from fastroute.guards.admission import QueueDelayGuard
+from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import PolicyConfigError
-from fastroute.proxy.admission import AdmissionQueue, QueueDelayGuard
+from fastroute.proxy.admission import AdmissionQueue
 from fastroute.proxy.decisions import DecisionLog
 from fastroute.proxy.fleet import Fleet, FleetState, TableWatcher
 from fastroute.proxy.handler import (
@@ -74,7 +76,6 @@ from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.openai_errors import error_reply, error_response
 from fastroute.proxy.pd import PDPools
 from fastroute.proxy.reply import Headers, Reply, Sink, raw_head_pairs
-from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.proxy.signal_tasks import install_signal_tasks
 from fastroute.proxy.upstream import UpstreamPool
 from fastroute.tables.stats import StatsBlock

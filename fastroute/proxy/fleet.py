@@ -49,9 +49,9 @@ from fastroute._core import Selector
 from fastroute._core.selector_py import ZERO_WEIGHT_RATIO
 from fastroute.config import PRIORITIES, Config, EngineConfig
 from fastroute.errors import TableError
+from fastroute.guards.outlier import Outcome, OutlierDetector
 from fastroute.hashing import class_key, engine_id
 from fastroute.proxy.concurrency import ConcurrencyCaps
-from fastroute.proxy.outlier import Outcome, OutlierDetector
 from fastroute.tables import TableReader, TableSnapshot
 from fastroute.tables.stats import DEFAULT_EWMA_ALPHA, Counter, Ewma, StatsBlock
 

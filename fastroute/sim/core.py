@@ -41,6 +41,8 @@ from fastroute.emulator.model import (
     RequestTooLongError,
 )
 from fastroute.emulator.profiles import true_profile
+from fastroute.guards.admission import Verdict, should_shed
+from fastroute.guards.outlier import Outcome
 from fastroute.hardware import get_profile
 from fastroute.hashing import engine_id as make_engine_id
 from fastroute.hashing import key_hash
@@ -48,8 +50,6 @@ from fastroute.policy import RouteRequest
 from fastroute.policy.marginal import COLUMNS, REASON_SLO_INFEASIBLE, MarginalRequest
 from fastroute.predict.calibration import datasheet_profile
 from fastroute.predict.step_time import NominalStepTimes
-from fastroute.proxy.admission import Verdict, should_shed
-from fastroute.proxy.outlier import Outcome
 from fastroute.sim.capacity import estimate_capacity_rps, idle_latencies, request_shapes
 from fastroute.sim.control import ControlInput, ControlOutput, EngineWindow, Optimiser
 from fastroute.sim.fleet import DataPlane, SimEngine, engine_load

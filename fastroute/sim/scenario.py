@@ -175,14 +175,14 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     k : int
         Failover ranking length.
     retry : {"budget", "fixed", "none"}
-        ``budget``: retries allowed by :class:`~fastroute.proxy.retry_budget.RetryBudget`
+        ``budget``: retries allowed by :class:`~fastroute.guards.retry_budget.RetryBudget`
         up to ``max_attempts``; ``fixed``: always retry up to ``max_attempts``.
     max_attempts : int
         Attempts per request including the first.
     retry_ratio, min_retries_per_s, retry_ttl_s : float
         Retry budget parameters.
     outlier_ejection : bool
-        Local consecutive-failure ejection (:class:`~fastroute.proxy.outlier.OutlierDetector`).
+        Local consecutive-failure ejection (:class:`~fastroute.guards.outlier.OutlierDetector`).
     consecutive_failures : int
         Failures in a row that eject.
     base_ejection_s : float
