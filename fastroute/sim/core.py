@@ -193,7 +193,7 @@ def prepare_sessions(scenario: Scenario, seed: int) -> tuple[list[Session], floa
     simulator (it needs capacities), so this uses the workload's own rate.
     """
     if scenario.replay is not None:
-        from fastroute.sim.replay import mixed_replay_sessions
+        from fastroute.workload.mix import mixed_replay_sessions
 
         rp = scenario.replay
         sessions = mixed_replay_sessions(

@@ -4,7 +4,7 @@ Sections (all optional except ``[[engines]]``; field reference in docs/simulator
 ``[slo]``, ``[[regions]]``, ``[network]``, ``[[engines]]``, ``[workload]`` (a
 :class:`~fastroute.workload.ChatWorkload`) or ``[trace]``, ``[dataplane]``,
 ``[control]``, ``[[faults]]``; ``[replay]`` (a bursty mix of traces,
-:class:`~fastroute.sim.replay.ReplayMix`) instead of ``[workload]``/``[trace]``.
+:class:`~fastroute.workload.mix.ReplayMix`) instead of ``[workload]``/``[trace]``.
 Decoded with ``msgspec.convert`` into frozen Structs that reject unknown keys, then
 checked across fields (names unique, references resolve).
 """
@@ -20,8 +20,8 @@ import msgspec
 from fastroute.emulator.profiles import true_profile
 from fastroute.hardware import get_profile
 from fastroute.sim.metrics import Slo
-from fastroute.sim.replay import ReplayComponent, ReplayMix
 from fastroute.workload import ChatWorkload, WorkloadError
+from fastroute.workload.mix import ReplayComponent, ReplayMix
 
 __all__ = [
     "ScenarioError",
