@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from fastroute.emulator.model import (
@@ -1033,17 +1034,15 @@ class Simulator:
                 if i not in req.tried:
                     engine = i
                     break
-        pairs = getattr(dp.policy, "choose_pair", None) if req.decode_row >= 0 else None
-        if engine < 0 and pairs is not None:
-            pd = pairs(
-                req.route, dp.view, dp.view, prefill_row=req.row, decode_row=req.decode_row, k=k
-            )
-            if pd.reason == REASON_SLO_INFEASIBLE:
+        if engine < 0 and req.decode_row >= 0 and dp.pairs is not None:
+            decode_route = msgspec.structs.replace(req.route, row=req.decode_row)
+            p_dec, d_dec = dp.pairs.choose_pair(req.route, decode_route, dp.view, dp.view, k)
+            if p_dec.reason == REASON_SLO_INFEASIBLE:
                 self._finish(req, t, "shed", REASON_SLO_INFEASIBLE)
                 return
-            req.decision = pd.prefill
-            req.decode_ranked = pd.decode.ranked
-            ranked = pd.prefill.ranked
+            req.decision = p_dec
+            req.decode_ranked = d_dec.ranked
+            ranked = p_dec.ranked
             for i in ranked:
                 if i not in req.tried:
                     engine = i

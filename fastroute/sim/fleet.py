@@ -22,8 +22,13 @@ from fastroute.guards.admission import QueueDelayGuard
 from fastroute.guards.outlier import OutlierDetector
 from fastroute.guards.retry_budget import RetryBudget
 from fastroute.hardware import HardwareProfile
-from fastroute.policy import Policy, RouteRequest, make_policy
-from fastroute.policy.marginal import EngineState, StaticEngineStateView
+from fastroute.policy import PairSelector, Policy, RouteRequest, make_policy
+from fastroute.policy.marginal import (
+    EngineState,
+    MarginalCost,
+    MarginalPairs,
+    StaticEngineStateView,
+)
 from fastroute.predict.interleave import PrefillInterleave
 from fastroute.sim.scenario import DataPlaneConfig
 
@@ -238,6 +243,13 @@ class DataPlane:
         params = {**config.policy_params, **(policy_extra or {})}
         self.policy: Policy = make_policy(policy_name, **params)
         self.needs_state = policy_name in STATE_POLICIES
+        #: Ranks the (prefill, decode) pair of a disaggregated request when the policy
+        #: prices pairs (``marginal-cost``: the transfer between the two engines counts).
+        #: None: the prefill engine is ranked like a whole request and the decode engine is
+        #: picked anew for each attempt.
+        self.pairs: PairSelector | None = (
+            MarginalPairs(self.policy) if isinstance(self.policy, MarginalCost) else None
+        )
         #: The policy's FleetCalibration if it calibrates from observed timings
         #: (``marginal-cost``): the simulator feeds it as the proxy does.
         self.calibration = (
