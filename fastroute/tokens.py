@@ -4,7 +4,8 @@ One definition for every part that must agree on token counts and KV block hashe
 engine emulator (which serves prompts), the workload generators (which build prompt text
 to an exact token count) and the simulator. It sits at the top of the package, below all
 of them and depending only on :mod:`fastroute.hashing` and :mod:`fastroute.hardware`, so
-workload code shared with the data plane's tooling never imports the fake engines.
+the workload generators (shared by the simulator, the fleet benchmark and the demo) never
+import the fake engines.
 
 There is no vocabulary. A prompt's text is encoded as UTF-8 and cut into
 fixed-width chunks of :data:`BYTES_PER_TOKEN` (4) bytes; each chunk is one
