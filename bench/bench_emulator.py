@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fastroute.emulator.model import EngineModel, Request, replay  # noqa: E402
-from fastroute.emulator.profiles import get_profile  # noqa: E402
-from fastroute.emulator.tokens import tokenize_text  # noqa: E402
+from fastroute.hardware import get_profile  # noqa: E402
+from fastroute.tokens import tokenize_text  # noqa: E402
 
 READY = re.compile(r"^engine (\S+) listening on (http://\S+)$")
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -17,6 +17,7 @@ from controller.groups import EngineGroups, group_engines
 from controller.latency import LatencyProfile
 from controller.solve import SolveResult
 from fastroute.config import PRIORITIES, Config
+from fastroute.hardware import PROFILES, seed_latency_s
 from fastroute.hashing import class_key, engine_id
 
 __all__ = [
@@ -30,14 +31,10 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 
 #: Idle (TTFT₀, TBOT₀) in seconds per hardware class, for the seed profiles
-#: ``TTFT(ρ) = TTFT₀/(1−ρ)``, ``TBOT(ρ) = TBOT₀(1 + 0.8ρ)``. Rough figures for an 8B model at the
-#: typical request mix (ordering by memory bandwidth, H100 fastest); only ratios between hardware
-#: and the shape matter to the LP until profiles are fitted from signals.
+#: ``TTFT(ρ) = TTFT₀/(1−ρ)``, ``TBOT(ρ) = TBOT₀(1 + 0.8ρ)``: the datasheet's figures
+#: (:func:`fastroute.hardware.seed_latency_s`) of every built-in profile that has them.
 HARDWARE_SEED_LATENCY_S: dict[str, tuple[float, float]] = {
-    "h100": (0.05, 0.008),
-    "a100": (0.08, 0.012),
-    "a40": (0.15, 0.025),
-    "l4": (0.25, 0.045),
+    name: seed for name in PROFILES if (seed := seed_latency_s(name)) is not None
 }
 #: Seed constants for hardware classes not in :data:`HARDWARE_SEED_LATENCY_S`.
 FALLBACK_SEED_LATENCY_S: tuple[float, float] = HARDWARE_SEED_LATENCY_S["a40"]

@@ -24,8 +24,8 @@ Decisions the file format encodes:
   milliseconds. A missing direction takes the other direction's value (symmetric
   default), a missing diagonal is 0, and every other pair must be given.
 * **Hardware** is a label checked against ``hardware_classes``, which defaults to the
-  engine emulator's profile names, so a typo fails at start while real fleets can
-  declare their own classes.
+  built-in datasheet profiles' names (:mod:`fastroute.hardware`), so a typo fails at start
+  while real fleets can declare their own classes.
 * **Capacity** is in requests per second at the fleet's typical request mix
   (``capacity_rps``): it is the prior the data plane uses for capacity-proportional
   fallback weights before the controller has published, and the controller's starting
@@ -50,6 +50,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from fastroute.errors import ConfigError
+from fastroute.hardware import PROFILES
 
 __all__ = [
     "ConfigError",
@@ -106,11 +107,8 @@ POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
 #: Engine roles: ``both`` serves whole requests; ``prefill``/``decode`` form P/D pools.
 Role = Literal["both", "prefill", "decode"]
 
-#: The engine emulator's hardware profiles (``fastroute.emulator.profiles.PROFILES``).
-DEFAULT_HARDWARE_CLASSES: tuple[str, ...] = (
-    *("h100", "a100", "a40", "l4"),
-    *("h100-qwen2.5-3b", "a100-qwen2.5-3b", "a40-qwen2.5-3b", "l4-qwen2.5-3b"),
-)
+#: The built-in hardware profiles' names (:data:`fastroute.hardware.PROFILES`).
+DEFAULT_HARDWARE_CLASSES: tuple[str, ...] = tuple(PROFILES)
 
 DEFAULT_REGION = "local"
 DEFAULT_ZONE = "default"

@@ -1,4 +1,5 @@
-"""Shared fixtures: a seeded random source whose seed shows in failures, unique shm names."""
+"""Shared fixtures: a seeded random source whose seed shows in failures, unique shm names,
+small Azure-format traces."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from fastroute import _core
 from fastroute.tables.segment import shm_dir
+from fastroute.testing.traces import write_azure_csv
 
 
 class Rand(random.Random):
@@ -39,6 +41,12 @@ def shm_name() -> Iterator[str]:
     yield name
     for suffix in ("", ".lock", ".tmp"):
         (shm_dir() / (name + suffix)).unlink(missing_ok=True)
+
+
+@pytest.fixture
+def azure_csv():
+    """``azure_csv(path, rows, gap_s=, prompt=, out=)``: write a small Azure-format trace."""
+    return write_azure_csv
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -4,7 +4,12 @@
 * ``fastroute._core`` depends on nothing else in fastroute but ``_env``;
 * ``fastroute.tables`` builds only on ``_core``, ``errors`` and itself;
 * the data plane (``proxy``) and the simulator never import the solver (``highspy``);
-* ``controller`` may import only ``fastroute.{tables,signals,config,errors,policy}``.
+* ``controller`` may import only ``fastroute.{tables,signals,config,errors,policy}``;
+* the simulator never imports the data plane (``proxy``); the layers both share
+  (``predict``, ``policy``, ``workload``, ``guards``, ``hardware``, ``tokens``) import
+  neither ``proxy`` nor ``emulator``;
+* the production path (everything but ``emulator``, ``sim``, ``demo``, ``bench``,
+  ``testing`` and the lazy CLI) never imports the fake engines (``emulator``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,32 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("fastroute.sim", ("highspy",)),
     ("fastroute._core", ("aiohttp", "highspy", "uvloop")),
     ("fastroute.tables", ("aiohttp", "highspy", "uvloop")),
+    ("fastroute.sim", ("fastroute.proxy",)),
+    *[
+        (shared, ("fastroute.proxy", "fastroute.emulator"))
+        for shared in (
+            "fastroute.predict",
+            "fastroute.policy",
+            "fastroute.workload",
+            "fastroute.guards",
+            "fastroute.hardware",
+            "fastroute.tokens",
+        )
+    ],
+    *[
+        (production, ("fastroute.emulator",))
+        for production in (
+            "fastroute.proxy",
+            "fastroute.signals",
+            "fastroute.tables",
+            "fastroute.loadgen",
+            "fastroute.config",
+            "fastroute.errors",
+            "fastroute.hashing",
+            "fastroute.systemd",
+            "controller",
+        )
+    ],
 ]
 ALLOWED_FASTROUTE: dict[str, tuple[str, ...]] = {
     "fastroute._core": ("fastroute._core", "fastroute._env"),
@@ -35,6 +66,7 @@ ALLOWED_FASTROUTE: dict[str, tuple[str, ...]] = {
         "fastroute.errors",
         "fastroute.policy",
         "fastroute.hashing",
+        "fastroute.hardware",  # seed latencies of the datasheet profiles (controller/service.py)
         "fastroute.systemd",  # sd_notify readiness of the controller process (controller/cli.py)
     ),
 }
@@ -72,6 +104,10 @@ def _within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+def _forbidden_imports(imported: list[str], forbidden: tuple[str, ...]) -> list[str]:
+    return [name for name in imported for f in forbidden if _within(name, f)]
+
+
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_respect_the_layering(path: Path) -> None:
     """Every module imports only what its layer may import."""
@@ -89,7 +125,7 @@ def test_imports_respect_the_layering(path: Path) -> None:
         imported = _imports(path.read_text(), package)
     for prefix, forbidden in FORBIDDEN:
         if _within(module, prefix):
-            bad = [name for name in imported for f in forbidden if _within(name, f)]
+            bad = _forbidden_imports(imported, forbidden)
             assert not bad, f"{module} must not import {bad}"
     for prefix, allowed in ALLOWED_FASTROUTE.items():
         if _within(module, prefix):
@@ -105,3 +141,15 @@ def test_the_checker_sees_violations() -> None:
     """The import scanner finds absolute and relative imports (so the contract can fail)."""
     source = "import controller.lp\nfrom highspy import Highs\nfrom ..proxy import app\n"
     assert _imports(source, "fastroute.sim") == ["controller.lp", "highspy", "fastroute.proxy"]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "forbidden"), FORBIDDEN, ids=[f"{p}-{','.join(f)}" for p, f in FORBIDDEN]
+)
+def test_each_forbidden_import_rule_can_fail(prefix: str, forbidden: tuple[str, ...]) -> None:
+    """A module of ``prefix`` importing (a submodule of) each forbidden name is flagged,
+    and the rule covers modules that exist (a renamed package would disarm it)."""
+    for name in forbidden:
+        assert _forbidden_imports([f"{name}.x", "json"], forbidden) == [f"{name}.x"]
+    modules = [_module_name(p) for p in _sources()]
+    assert any(_within(m, prefix) for m in modules), f"no module is {prefix} or below it"

@@ -62,7 +62,7 @@ def replay_engine(
 ) -> EngineRun:
     """Play ``workload`` at ``rate_rps`` requests/s into one emulated engine in virtual time."""
     from fastroute.emulator.model import EngineConfig, EngineModel, QueueFullError, Request
-    from fastroute.emulator.profiles import get_profile
+    from fastroute.hardware import get_profile
     from fastroute.workload import SessionPrompts, generate_sessions
     from fastroute.workload.session import reply_text
 

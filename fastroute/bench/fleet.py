@@ -20,7 +20,8 @@ from typing import Annotated, Literal
 import msgspec
 
 from fastroute.bench.process import free_port
-from fastroute.emulator.profiles import PROFILES, true_profile
+from fastroute.emulator.profiles import true_profile
+from fastroute.hardware import PROFILES
 
 __all__ = [
     "RegionSpec",
@@ -57,7 +58,7 @@ class EngineGroup(msgspec.Struct, **_OPTS):
         Engines in the group.
     profile : str
         Emulator hardware profile, a key of
-        :data:`~fastroute.emulator.profiles.PROFILES` (``"a40"``, ``"a40-qwen2.5-3b"``,
+        :data:`~fastroute.hardware.PROFILES` (``"a40"``, ``"a40-qwen2.5-3b"``,
         …); also the config's ``hardware`` label, so the proxy's calibration starts
         from this profile's datasheet constants.
     step_time_factors : table of str to float

@@ -1,6 +1,6 @@
 """A spec's ``[replay]``: the simulator's bursty trace mix, as sessions for the load driver.
 
-The sessions are :func:`fastroute.sim.replay.mixed_replay_sessions`' own (the same
+The sessions are :func:`fastroute.workload.mix.mixed_replay_sessions`' own (the same
 windows, rate and bursts as a simulator run with the same mix and seed), so the
 benchmark and the simulator replay identical requests. Each is one turn whose
 rendered chat prompt has the trace's prompt tokens under the emulator's 4-byte rule
@@ -55,7 +55,7 @@ def replay_sessions(spec: BenchSpec) -> list[Session]:
     fastroute.workload.WorkloadError
         A trace is missing, malformed or too short for the window.
     """
-    from fastroute.sim.replay import mixed_replay_sessions
+    from fastroute.workload.mix import mixed_replay_sessions
 
     assert spec.replay is not None
     mix = msgspec.structs.replace(spec.replay, rate_rps=replay_rate_rps(spec))

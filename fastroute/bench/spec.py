@@ -42,7 +42,7 @@ see :mod:`fastroute.bench.routers`)::
     params = { calibrate = true, infeasible = "reject" }
 
 Instead of ``[workload]`` a spec may replay traces: ``[replay]`` takes the fields of the
-simulator's :class:`fastroute.sim.replay.ReplayMix` (trace paths relative to the spec
+simulator's :class:`fastroute.workload.mix.ReplayMix` (trace paths relative to the spec
 file); its requests are single-turn, open loop, at ``load × capacity`` when ``load`` is
 given, else at the replay's own ``rate_rps``.
 """
@@ -57,7 +57,7 @@ import msgspec
 
 from fastroute.bench.fleet import FleetSpec
 from fastroute.config import ControllerConfig, PolicyName
-from fastroute.sim.replay import ReplayMix
+from fastroute.workload.mix import ReplayMix
 
 __all__ = [
     "SloSpec",

@@ -4,9 +4,10 @@
   batching, chunked prefill, paged KV cache with prefix caching, preemption,
   calibrated step times, P/D KV transfer). No I/O, clock injected; the simulator
   uses it too.
-* :mod:`~fastroute.emulator.profiles` — hardware profiles (h100, a100, a40, l4)
-  derived from datasheet figures for Llama-3-8B.
-* :mod:`~fastroute.emulator.tokens` — the tokenizer approximation and chat template.
+* :mod:`~fastroute.emulator.profiles` — the *true* step times: a datasheet profile
+  (:mod:`fastroute.hardware`) scaled by per-coefficient factors.
+* :mod:`~fastroute.emulator.output_text` — the generated text (the tokenizer
+  approximation and chat template are :mod:`fastroute.tokens`).
 * :mod:`~fastroute.emulator.server` — the aiohttp server (OpenAI API, SSE, vLLM
   metrics, P/D protocol) and :class:`EmulatedFleet` for tests and benchmarks.
 * :mod:`~fastroute.emulator.faults` — fault injection.
@@ -26,25 +27,15 @@ from fastroute.emulator.model import (
     StepResult,
     replay,
 )
-from fastroute.emulator.profiles import PROFILES, HardwareProfile, derive_profile, get_profile
-from fastroute.emulator.tokens import TokenizedPrompt, render_chat, tokenize_ids, tokenize_text
 
 __all__ = [
     "EngineConfig",
     "EngineModel",
-    "HardwareProfile",
     "OutputLengthDistribution",
-    "PROFILES",
     "Phase",
     "QueueFullError",
     "Request",
     "RequestTooLongError",
     "StepResult",
-    "TokenizedPrompt",
-    "derive_profile",
-    "get_profile",
-    "render_chat",
     "replay",
-    "tokenize_ids",
-    "tokenize_text",
 ]

@@ -16,7 +16,7 @@ __all__ = ["add_arguments", "run", "serve_fleet", "parse_step_time_factors"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``engine`` subcommand's options to ``parser``."""
-    from fastroute.emulator.profiles import PROFILES
+    from fastroute.hardware import PROFILES
 
     parser.add_argument("--count", type=int, default=1, help="engines to run (default 1)")
     parser.add_argument(
@@ -74,7 +74,8 @@ def parse_step_time_factors(items: list[str], profile: str) -> dict[str, float]:
         Not ``COEF=FACTOR``, a repeated or unknown coefficient, or a factor that is
         not a number > 0 (the message names the item).
     """
-    from fastroute.emulator.profiles import get_profile, true_profile
+    from fastroute.emulator.profiles import true_profile
+    from fastroute.hardware import get_profile
 
     factors: dict[str, float] = {}
     for item in items:

@@ -5,7 +5,7 @@ three states:
 
 * **free**: holds nothing;
 * **cached**: holds the KV of a full prompt block, named by its chained hash
-  (:mod:`fastroute.emulator.tokens`); it has a reference count, and when the
+  (:mod:`fastroute.tokens`); it has a reference count, and when the
   count drops to 0 it stays cached but becomes *evictable*, kept in LRU order;
 * **private**: referenced by exactly one request and not (yet) named — a
   partially filled block or one with generated tokens.

@@ -28,7 +28,7 @@ prompt and generated tokens, exactly as vLLM's recompute preemption does.
 
 Step time
 ---------
-From the :class:`~fastroute.emulator.profiles.HardwareProfile` coefficients,
+From the :class:`~fastroute.hardware.HardwareProfile` coefficients,
 with B decoding sequences of total context S and prefill chunks (n new tokens
 over c already computed)::
 
@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastroute.emulator.kvcache import KVCache
-from fastroute.emulator.profiles import BLOCK_SIZE_TOKENS, HardwareProfile
+from fastroute.hardware import BLOCK_SIZE_TOKENS, HardwareProfile
 
 __all__ = [
     "EngineConfig",

@@ -50,7 +50,8 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
-from fastroute.emulator.profiles import get_profile, true_profile
+from fastroute.emulator.output_text import output_token_text
+from fastroute.emulator.profiles import true_profile
 from fastroute.emulator.protocol import (
     SSE_DONE,
     ChunkEncoder,
@@ -61,14 +62,9 @@ from fastroute.emulator.protocol import (
     error_body,
     usage_dict,
 )
-from fastroute.emulator.tokens import (
-    TokenizedPrompt,
-    output_token_text,
-    render_chat,
-    tokenize_ids,
-    tokenize_text,
-)
+from fastroute.hardware import get_profile
 from fastroute.hashing import key_hash
+from fastroute.tokens import TokenizedPrompt, render_chat, tokenize_ids, tokenize_text
 
 __all__ = [
     "EngineSpec",
@@ -105,7 +101,7 @@ class EngineSpec:
     model_name : str
         Served model name (``/v1/models``, the ``model`` field, metric label).
     profile : str
-        Hardware profile (:data:`~fastroute.emulator.profiles.PROFILES`): the engine's
+        Hardware profile (:data:`~fastroute.hardware.PROFILES`): the engine's
         name for its hardware (``/metrics``), and its datasheet step times.
     step_time_factors : mapping of str to float
         The engine's *true* step times: the profile's coefficients scaled by these

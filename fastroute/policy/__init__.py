@@ -20,6 +20,9 @@ Registered policies (:data:`POLICIES`, built with :func:`make_policy`):
     calibrated marginal completion time over the top-k rendezvous candidates (P/D pair
     selection, SLO early rejection); see ``docs/predict.md``.
 
+Disaggregated (P/D) classes rank a prefill and a decode engine in one call, through a
+:class:`PairSelector` (:mod:`fastroute.policy.pairs`).
+
 Each module's docstring states its algorithm, invariants, tunables and units;
 ``docs/policies.md`` compares them.
 """
@@ -37,6 +40,7 @@ from fastroute.policy.cache_aware import CacheAware
 from fastroute.policy.consistent_hash import ConsistentHash
 from fastroute.policy.least_request import LeastRequest
 from fastroute.policy.marginal import MarginalCost
+from fastroute.policy.pairs import IndependentPairs, PairSelector
 from fastroute.policy.power_of_two import PowerOfTwo
 from fastroute.policy.registry import DEFAULT_POLICY, POLICIES, make_policy, policy_params
 from fastroute.policy.round_robin import RoundRobin
@@ -50,8 +54,10 @@ __all__ = [
     "ConsistentHash",
     "Decision",
     "FleetView",
+    "IndependentPairs",
     "LeastRequest",
     "MarginalCost",
+    "PairSelector",
     "Policy",
     "PolicyConfigError",
     "PowerOfTwo",

@@ -372,7 +372,7 @@ class PairDecision(msgspec.Struct, frozen=True, gc=False):
 
 
 class MarginalPairs:
-    """The proxy's P/D pair-selector seam (``fastroute.proxy.pd.PairSelector``) over
+    """The proxy's P/D pair-selector seam (:class:`fastroute.policy.pairs.PairSelector`) over
     :meth:`MarginalCost.choose_pair`.
 
     The proxy passes the request once per pool (with that pool's class row) and gets

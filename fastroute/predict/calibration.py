@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from fastroute.emulator.profiles import PROFILES, HardwareProfile
+from fastroute.hardware import PROFILES, HardwareProfile
 from fastroute.predict.rls import RobustRLS
 from fastroute.predict.step_time import (
     NominalStepTimes,

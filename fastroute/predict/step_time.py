@@ -131,7 +131,7 @@ class NominalStepTimes(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_profile(cls, profile: Any, *, max_num_batched_tokens: int | None = None) -> Any:
-        """From a :class:`fastroute.emulator.profiles.HardwareProfile` (or any object with
+        """From a :class:`fastroute.hardware.HardwareProfile` (or any object with
         the same attributes)."""
         return cls(
             a0_s=profile.a0_s,

@@ -29,7 +29,7 @@ private counts.
 Residency and tenant hardware are hard filters applied per request on top of the
 class row (:meth:`Fleet.request_mask`), so one row serves every tenant. Eligibility
 for a request = weight > 0 in its row AND allowed by the controller's flags AND not
-ejected by the local :class:`~fastroute.proxy.outlier.OutlierDetector` AND in an
+ejected by the local :class:`~fastroute.guards.outlier.OutlierDetector` AND in an
 allowed zone (and hardware class, if the tenant has one).
 """
 
@@ -49,9 +49,9 @@ from fastroute._core import Selector
 from fastroute._core.selector_py import ZERO_WEIGHT_RATIO
 from fastroute.config import PRIORITIES, Config, EngineConfig
 from fastroute.errors import TableError
+from fastroute.guards.outlier import Outcome, OutlierDetector
 from fastroute.hashing import class_key, engine_id
 from fastroute.proxy.concurrency import ConcurrencyCaps
-from fastroute.proxy.outlier import Outcome, OutlierDetector
 from fastroute.tables import TableReader, TableSnapshot
 from fastroute.tables.stats import DEFAULT_EWMA_ALPHA, Counter, Ewma, StatsBlock
 

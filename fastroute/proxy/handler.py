@@ -43,6 +43,9 @@ import msgspec
 from aiohttp import web
 
 from fastroute.config import PRIORITIES, ClassConfig, Config, TenantConfig, hash_api_key
+from fastroute.guards.admission import should_shed
+from fastroute.guards.outlier import Outcome
+from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import Decision, Policy, RouteRequest, make_policy
 from fastroute.policy.marginal import (
     REASON_SLO_INFEASIBLE,
@@ -50,14 +53,13 @@ from fastroute.policy.marginal import (
     MarginalDecision,
     MarginalRequest,
 )
-from fastroute.proxy.admission import AdmissionQueue, AdmissionRejected, should_shed
+from fastroute.proxy.admission import AdmissionQueue, AdmissionRejected
 from fastroute.proxy.decisions import Attempt, DecisionLog, DecisionRecord
 from fastroute.proxy.engine_load import MIN_SAMPLES_TO_REJECT, AttemptLoad, EngineLoad
 from fastroute.proxy.fleet import Fleet, FleetState
 from fastroute.proxy.http1 import Response
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.openai_errors import error_reply, sse_error_event
-from fastroute.proxy.outlier import Outcome
 from fastroute.proxy.pd import PDPools, PDProtocolError, decode_body, prefill_body, transfer_params
 from fastroute.proxy.reply import Reply, Sink, Splice
 from fastroute.proxy.requests import (
@@ -68,7 +70,6 @@ from fastroute.proxy.requests import (
     parse_chat,
     parse_completion,
 )
-from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.proxy.routing_key import estimate_prompt_tokens, routing_key
 from fastroute.proxy.slo import request_slos
 from fastroute.proxy.sse import DATA_PREFIX, USAGE_MARK, output_events

@@ -30,19 +30,17 @@ cost-based pair selector (``fastroute/policy/marginal.py``) plugs in there.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
 from fastroute.config import Config
-from fastroute.policy import Decision, FleetView, Policy, RouteRequest
+from fastroute.policy import IndependentPairs, PairSelector, Policy
 from fastroute.proxy.fleet import Fleet
 from fastroute.tables.stats import StatsBlock
 
 __all__ = [
     "PDPools",
-    "PairSelector",
-    "IndependentPairs",
     "prefill_body",
     "decode_body",
     "transfer_params",
@@ -62,53 +60,6 @@ PREFILL_PARAMS: dict[str, Any] = {
 
 class PDProtocolError(Exception):
     """A prefill engine answered 200 without usable ``kv_transfer_params``."""
-
-
-class PairSelector(Protocol):
-    """Ranks prefill and decode engines for one request (the P/D policy seam).
-
-    ``choose_pair`` returns the prefill ranking and the decode ranking, each a
-    :class:`~fastroute.policy.Decision` over its pool's view; the proxy tries them in
-    order within the retry budget. The request comes once per pool: the same request
-    with the class row of that pool (``RouteRequest.row``).
-    """
-
-    def choose_pair(
-        self,
-        prefill_request: RouteRequest,
-        decode_request: RouteRequest,
-        prefill: FleetView,
-        decode: FleetView,
-        k: int,
-    ) -> tuple[Decision, Decision]:
-        """(prefill ranking, decode ranking) for one request."""
-
-
-class IndependentPairs:
-    """The class's policy run over each pool independently (no pair coupling).
-
-    Parameters
-    ----------
-    prefill_policy, decode_policy : Policy
-        Separate instances (policies may keep per-engine state).
-    """
-
-    def __init__(self, prefill_policy: Policy, decode_policy: Policy) -> None:
-        self.prefill_policy = prefill_policy
-        self.decode_policy = decode_policy
-
-    def choose_pair(
-        self,
-        prefill_request: RouteRequest,
-        decode_request: RouteRequest,
-        prefill: FleetView,
-        decode: FleetView,
-        k: int,
-    ) -> tuple[Decision, Decision]:
-        return (
-            self.prefill_policy.choose(prefill_request, prefill, k=k),
-            self.decode_policy.choose(decode_request, decode, k=k),
-        )
 
 
 def _pool_config(config: Config, role: str) -> Config:

@@ -36,8 +36,10 @@ from typing import Protocol
 from prometheus_client import Counter
 
 from fastroute.config import Config, ConfigError, load_config
+from fastroute.guards.admission import QueueDelayGuard
+from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import PolicyConfigError
-from fastroute.proxy.admission import AdmissionQueue, QueueDelayGuard
+from fastroute.proxy.admission import AdmissionQueue
 from fastroute.proxy.decisions import DecisionLog
 from fastroute.proxy.fleet import Fleet, FleetState, TableWatcher
 from fastroute.proxy.handler import Incoming, InferenceHandler, ProxyContext, build_policies
@@ -45,7 +47,6 @@ from fastroute.proxy.marginal_setup import install_marginal
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.pd import PDPools
 from fastroute.proxy.reply import Reply, Sink
-from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.proxy.routes import INFERENCE_PATHS, get_reply, is_get_path, not_allowed, unknown_url
 from fastroute.proxy.signal_tasks import SignalTasks, install_signal_tasks
 from fastroute.proxy.upstream import UpstreamPool

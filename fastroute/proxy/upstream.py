@@ -20,7 +20,7 @@ re-armed timers rather than an ``asyncio.timeout()`` per wait:
     the whole attempt: every wait is capped by what is left of it.
 
 Failures become :class:`UpstreamError` with the
-:class:`~fastroute.proxy.outlier.Outcome` the outlier detector records and the
+:class:`~fastroute.guards.outlier.Outcome` the outlier detector records and the
 status the client gets (502 for connect errors, disconnects and 5xx, 504 for
 timeouts; style.md §3.1).
 """
@@ -33,8 +33,8 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from fastroute.config import Config, EngineConfig
+from fastroute.guards.outlier import Outcome
 from fastroute.proxy import http1
-from fastroute.proxy.outlier import Outcome
 
 __all__ = ["UpstreamError", "UpstreamPool", "HOP_BY_HOP", "MAX_ERROR_BODY_BYTES"]
 

@@ -29,7 +29,6 @@ __all__ = [
     "load_scenario",
     "make_optimiser",
     "summarize",
-    "ReplayMix",
     "run_sweep",
 ]
 
@@ -46,7 +45,6 @@ _WHERE = {
     "Scenario": "fastroute.sim.scenario",
     "ScenarioError": "fastroute.sim.scenario",
     "load_scenario": "fastroute.sim.scenario",
-    "ReplayMix": "fastroute.sim.replay",
     "run_sweep": "fastroute.sim.sweep",
 }
 

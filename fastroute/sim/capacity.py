@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from fastroute.emulator.model import EngineConfig, EngineModel, Request, replay
-from fastroute.emulator.profiles import HardwareProfile
+from fastroute.hardware import HardwareProfile
 from fastroute.workload import Session
 
 __all__ = ["request_shapes", "estimate_capacity_rps", "idle_latencies"]

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from fastroute.emulator.model import (
@@ -40,15 +41,16 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
-from fastroute.emulator.profiles import get_profile, true_profile
+from fastroute.emulator.profiles import true_profile
+from fastroute.guards.admission import Verdict, should_shed
+from fastroute.guards.outlier import Outcome
+from fastroute.hardware import get_profile
 from fastroute.hashing import engine_id as make_engine_id
 from fastroute.hashing import key_hash
 from fastroute.policy import RouteRequest
 from fastroute.policy.marginal import COLUMNS, REASON_SLO_INFEASIBLE, MarginalRequest
 from fastroute.predict.calibration import datasheet_profile
 from fastroute.predict.step_time import NominalStepTimes
-from fastroute.proxy.admission import Verdict, should_shed
-from fastroute.proxy.outlier import Outcome
 from fastroute.sim.capacity import estimate_capacity_rps, idle_latencies, request_shapes
 from fastroute.sim.control import ControlInput, ControlOutput, EngineWindow, Optimiser
 from fastroute.sim.fleet import DataPlane, SimEngine, engine_load
@@ -192,7 +194,7 @@ def prepare_sessions(scenario: Scenario, seed: int) -> tuple[list[Session], floa
     simulator (it needs capacities), so this uses the workload's own rate.
     """
     if scenario.replay is not None:
-        from fastroute.sim.replay import mixed_replay_sessions
+        from fastroute.workload.mix import mixed_replay_sessions
 
         rp = scenario.replay
         sessions = mixed_replay_sessions(
@@ -1032,17 +1034,15 @@ class Simulator:
                 if i not in req.tried:
                     engine = i
                     break
-        pairs = getattr(dp.policy, "choose_pair", None) if req.decode_row >= 0 else None
-        if engine < 0 and pairs is not None:
-            pd = pairs(
-                req.route, dp.view, dp.view, prefill_row=req.row, decode_row=req.decode_row, k=k
-            )
-            if pd.reason == REASON_SLO_INFEASIBLE:
+        if engine < 0 and req.decode_row >= 0 and dp.pairs is not None:
+            decode_route = msgspec.structs.replace(req.route, row=req.decode_row)
+            p_dec, d_dec = dp.pairs.choose_pair(req.route, decode_route, dp.view, dp.view, k)
+            if p_dec.reason == REASON_SLO_INFEASIBLE:
                 self._finish(req, t, "shed", REASON_SLO_INFEASIBLE)
                 return
-            req.decision = pd.prefill
-            req.decode_ranked = pd.decode.ranked
-            ranked = pd.prefill.ranked
+            req.decision = p_dec
+            req.decode_ranked = d_dec.ranked
+            ranked = p_dec.ranked
             for i in ranked:
                 if i not in req.tried:
                     engine = i

@@ -5,10 +5,10 @@ emulator's performance model, unchanged) with what the simulator needs around it
 region, role, fault state, busy time. :class:`DataPlane` is one region's router built
 from the proxy's own pieces — a policy from :func:`fastroute.policy.make_policy`, a
 :class:`~fastroute.policy.StaticFleetView` over the pulled table,
-:class:`~fastroute.proxy.retry_budget.RetryBudget`,
-:class:`~fastroute.proxy.outlier.OutlierDetector`,
-:func:`~fastroute.proxy.admission.should_shed` and
-:class:`~fastroute.proxy.admission.QueueDelayGuard` — all driven by the virtual clock.
+:class:`~fastroute.guards.retry_budget.RetryBudget`,
+:class:`~fastroute.guards.outlier.OutlierDetector`,
+:func:`~fastroute.guards.admission.should_shed` and
+:class:`~fastroute.guards.admission.QueueDelayGuard` — all driven by the virtual clock.
 """
 
 from __future__ import annotations
@@ -18,13 +18,18 @@ from typing import Any
 import numpy as np
 
 from fastroute.emulator.model import EngineConfig, EngineModel
-from fastroute.emulator.profiles import HardwareProfile
-from fastroute.policy import Policy, RouteRequest, make_policy
-from fastroute.policy.marginal import EngineState, StaticEngineStateView
+from fastroute.guards.admission import QueueDelayGuard
+from fastroute.guards.outlier import OutlierDetector
+from fastroute.guards.retry_budget import RetryBudget
+from fastroute.hardware import HardwareProfile
+from fastroute.policy import PairSelector, Policy, RouteRequest, make_policy
+from fastroute.policy.marginal import (
+    EngineState,
+    MarginalCost,
+    MarginalPairs,
+    StaticEngineStateView,
+)
 from fastroute.predict.interleave import PrefillInterleave
-from fastroute.proxy.admission import QueueDelayGuard
-from fastroute.proxy.outlier import OutlierDetector
-from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.sim.scenario import DataPlaneConfig
 
 __all__ = ["SimEngine", "DataPlane", "engine_load", "STATE_POLICIES"]
@@ -238,6 +243,13 @@ class DataPlane:
         params = {**config.policy_params, **(policy_extra or {})}
         self.policy: Policy = make_policy(policy_name, **params)
         self.needs_state = policy_name in STATE_POLICIES
+        #: Ranks the (prefill, decode) pair of a disaggregated request when the policy
+        #: prices pairs (``marginal-cost``: the transfer between the two engines counts).
+        #: None: the prefill engine is ranked like a whole request and the decode engine is
+        #: picked anew for each attempt.
+        self.pairs: PairSelector | None = (
+            MarginalPairs(self.policy) if isinstance(self.policy, MarginalCost) else None
+        )
         #: The policy's FleetCalibration if it calibrates from observed timings
         #: (``marginal-cost``): the simulator feeds it as the proxy does.
         self.calibration = (

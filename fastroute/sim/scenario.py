@@ -4,7 +4,7 @@ Sections (all optional except ``[[engines]]``; field reference in docs/simulator
 ``[slo]``, ``[[regions]]``, ``[network]``, ``[[engines]]``, ``[workload]`` (a
 :class:`~fastroute.workload.ChatWorkload`) or ``[trace]``, ``[dataplane]``,
 ``[control]``, ``[[faults]]``; ``[replay]`` (a bursty mix of traces,
-:class:`~fastroute.sim.replay.ReplayMix`) instead of ``[workload]``/``[trace]``.
+:class:`~fastroute.workload.mix.ReplayMix`) instead of ``[workload]``/``[trace]``.
 Decoded with ``msgspec.convert`` into frozen Structs that reject unknown keys, then
 checked across fields (names unique, references resolve).
 """
@@ -17,10 +17,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from fastroute.emulator.profiles import get_profile, true_profile
+from fastroute.emulator.profiles import true_profile
+from fastroute.hardware import get_profile
 from fastroute.sim.metrics import Slo
-from fastroute.sim.replay import ReplayComponent, ReplayMix
 from fastroute.workload import ChatWorkload, WorkloadError
+from fastroute.workload.mix import ReplayComponent, ReplayMix
 
 __all__ = [
     "ScenarioError",
@@ -90,7 +91,7 @@ class EngineGroup(msgspec.Struct, **_OPTS):
     region : str
         Region they run in (default: the first region).
     profile : str
-        Hardware profile (:data:`fastroute.emulator.profiles.PROFILES`).
+        Hardware profile (:data:`fastroute.hardware.PROFILES`).
     model : str
         Model they serve.
     role : {"mixed", "prefill", "decode"}
@@ -174,14 +175,14 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     k : int
         Failover ranking length.
     retry : {"budget", "fixed", "none"}
-        ``budget``: retries allowed by :class:`~fastroute.proxy.retry_budget.RetryBudget`
+        ``budget``: retries allowed by :class:`~fastroute.guards.retry_budget.RetryBudget`
         up to ``max_attempts``; ``fixed``: always retry up to ``max_attempts``.
     max_attempts : int
         Attempts per request including the first.
     retry_ratio, min_retries_per_s, retry_ttl_s : float
         Retry budget parameters.
     outlier_ejection : bool
-        Local consecutive-failure ejection (:class:`~fastroute.proxy.outlier.OutlierDetector`).
+        Local consecutive-failure ejection (:class:`~fastroute.guards.outlier.OutlierDetector`).
     consecutive_failures : int
         Failures in a row that eject.
     base_ejection_s : float

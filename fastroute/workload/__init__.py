@@ -3,7 +3,8 @@
 * :mod:`fastroute.workload.spec` — :class:`ChatWorkload` and its parts (TOML-decodable);
 * :mod:`fastroute.workload.session` — :class:`Session` / :class:`Turn` and prompt text;
 * :mod:`fastroute.workload.generate` — :func:`generate_sessions` (multi-turn chat);
-* :mod:`fastroute.workload.trace` — :func:`load_trace` (Azure CSV, Mooncake JSONL, generic).
+* :mod:`fastroute.workload.trace` — :func:`load_trace` (Azure CSV, Mooncake JSONL, generic);
+* :mod:`fastroute.workload.mix` — :class:`ReplayMix`, bursty mixes of several traces.
 """
 
 from fastroute.workload.generate import generate_sessions

@@ -17,7 +17,7 @@ import random
 
 import numpy as np
 
-from fastroute.emulator.tokens import BYTES_PER_TOKEN
+from fastroute.tokens import BYTES_PER_TOKEN
 from fastroute.workload.session import Session, Turn, make_text, system_prompt_text
 from fastroute.workload.spec import ChatWorkload, WorkloadError
 
@@ -28,7 +28,7 @@ MAX_TURNS = 256
 #: Upper bound on the bytes of one emulator output token re-rendered as text (its words
 #: are at most 6 bytes); used to keep a session's context under max_context_tokens.
 _REPLY_BYTES_PER_TOKEN = 6
-# Rendered bytes of the chat template around messages (see fastroute.emulator.tokens).
+# Rendered bytes of the chat template around messages (see fastroute.tokens).
 _BOS_BYTES = len("<|begin_of_text|>")
 _USER_PART_BYTES = len("<|start_header_id|>user<|end_header_id|>\n\n<|eot_id|>")
 _SYSTEM_PART_BYTES = len("<|start_header_id|>system<|end_header_id|>\n\n<|eot_id|>")

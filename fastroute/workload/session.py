@@ -1,7 +1,7 @@
 """Chat sessions and their prompt text.
 
 Text is plain ASCII built so that it tokenizes, under the emulator's rule
-(:mod:`fastroute.emulator.tokens`: 4 UTF-8 bytes per token), to exactly the stated
+(:mod:`fastroute.tokens`: 4 UTF-8 bytes per token), to exactly the stated
 number of tokens: ``make_text(tag, n)`` is ``4·n`` bytes. A text starts with its tag
 (for example the session id and turn), so different sessions' user messages differ from
 their first bytes, while a tenant's system prompt depends only on the tenant name and is
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from fastroute.emulator.profiles import BLOCK_SIZE_TOKENS
-from fastroute.emulator.tokens import BYTES_PER_TOKEN, TokenizedPrompt, render_chat
+from fastroute.hardware import BLOCK_SIZE_TOKENS
 from fastroute.hashing import key_hash
+from fastroute.tokens import BYTES_PER_TOKEN, TokenizedPrompt, render_chat
 
 __all__ = [
     "Turn",

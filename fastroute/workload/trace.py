@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fastroute.emulator.tokens import BYTES_PER_TOKEN
+from fastroute.tokens import BYTES_PER_TOKEN
 from fastroute.workload.session import CHAT_OVERHEAD_TOKENS, Session, Turn, make_text
 from fastroute.workload.spec import WorkloadError
 

@@ -164,11 +164,18 @@ def test_minimal_file_gets_the_documented_defaults() -> None:
     assert config.tenants == () and config.classes == ()
 
 
-def test_default_hardware_classes_are_the_emulator_profiles() -> None:
-    """The default hardware labels stay in sync with the emulator's profile names."""
-    from fastroute.emulator.profiles import PROFILES
-
-    assert set(DEFAULT_HARDWARE_CLASSES) == set(PROFILES)
+def test_default_hardware_classes_are_the_builtin_profiles() -> None:
+    """The default hardware labels are the built-in datasheet profiles, GPUs first (Llama-3-8B),
+    then the Qwen2.5-3B variants, and a config without ``hardware_classes`` accepts each."""
+    assert DEFAULT_HARDWARE_CLASSES == (
+        *("h100", "a100", "a40", "l4"),
+        *("h100-qwen2.5-3b", "a100-qwen2.5-3b", "a40-qwen2.5-3b", "l4-qwen2.5-3b"),
+    )
+    for label in DEFAULT_HARDWARE_CLASSES:
+        config = decode_config(
+            MINIMAL.replace('models = ["m"]', f'models = ["m"]\nhardware = "{label}"')
+        )
+        assert config.engines[0].hardware == label
 
 
 def test_vocabularies_match_the_design() -> None:

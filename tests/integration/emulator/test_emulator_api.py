@@ -12,7 +12,7 @@ import pytest
 
 from fastroute.emulator.model import EngineConfig, OutputLengthDistribution
 from fastroute.emulator.server import DEFAULT_MODEL_NAME, EmulatedFleet, EngineSpec
-from fastroute.emulator.tokens import count_text_tokens, render_chat, tokenize_text
+from fastroute.tokens import count_text_tokens, render_chat, tokenize_text
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ Set-up: 4 emulated engines, each answering 50 % of new requests at once with 503
 every request has a second candidate). Attempts are counted by the engines
 themselves: finished requests (``EngineModel.finished_total``) + injected errors.
 
-Bound (fastroute/proxy/retry_budget.py, algorithms.md §3): retries over a run are at
+Bound (fastroute/guards/retry_budget.py, algorithms.md §3): retries over a run are at
 most ``ratio × requests + min_retries_per_s × ttl_s`` per budget window, so attempts
 per request ≤ ``1 + ratio + floor × ttl_s / requests``. The whole run fits inside one
 window (``ttl_s`` = 30 s, the test is capped at 20 s), so nothing expires and the

@@ -9,7 +9,7 @@ import pytest
 
 from fastroute.bench import fleet
 from fastroute.bench.fleet import EngineGroup, FleetSpec, PlannedEngine, RegionSpec, plan_engines
-from fastroute.emulator.profiles import PROFILES
+from fastroute.hardware import PROFILES
 
 FACTORS = {"a0_s": 1.5, "b0_s": 1.5, "a1_s": 0.8}
 

@@ -11,8 +11,8 @@ from bench_specs import write_pd_spec
 from fastroute.bench.replay import replay_rate_rps, replay_sessions
 from fastroute.bench.runner import build_sessions, target_rps
 from fastroute.bench.spec import load_spec
-from fastroute.emulator.tokens import count_text_tokens, render_chat
-from fastroute.sim.replay import mixed_replay_sessions
+from fastroute.tokens import count_text_tokens, render_chat
+from fastroute.workload.mix import mixed_replay_sessions
 from fastroute.workload.session import CHAT_OVERHEAD_TOKENS
 
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from fastroute.emulator.model import EngineConfig, EngineModel, Request
-from fastroute.emulator.profiles import get_profile
+from fastroute.hardware import get_profile
 
 
 def _model(num_blocks: int | None = None) -> EngineModel:

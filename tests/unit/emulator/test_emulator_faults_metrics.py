@@ -14,7 +14,7 @@ from fastroute.emulator.metrics import (
     EngineMetrics,
 )
 from fastroute.emulator.model import EngineModel, Request, replay
-from fastroute.emulator.profiles import PROFILES
+from fastroute.hardware import PROFILES
 
 
 def test_fault_updates_merge_and_validate():

@@ -17,8 +17,8 @@ from fastroute.emulator.model import (
     RequestTooLongError,
     replay,
 )
-from fastroute.emulator.profiles import PROFILES
-from fastroute.emulator.tokens import tokenize_text
+from fastroute.hardware import PROFILES
+from fastroute.tokens import tokenize_text
 
 A40 = PROFILES["a40"]
 H100 = PROFILES["h100"]

@@ -7,8 +7,10 @@ import argparse
 import pytest
 
 from fastroute.emulator import cli
-from fastroute.emulator.profiles import PROFILES, STEP_TIME_COEFFICIENTS
+from fastroute.emulator.profiles import STEP_TIME_COEFFICIENTS, true_profile
 from fastroute.emulator.server import EmulatedEngine, EngineSpec
+from fastroute.hardware import PROFILES, get_profile
+from fastroute.predict import NominalStepTimes
 
 FACTORS = {"a0_s": 1.5, "a1_s": 0.8, "b2_s": 1.3}
 
@@ -68,3 +70,17 @@ def test_cli_rejects_a_repeated_coefficient(capsys: pytest.CaptureFixture[str]) 
     args = _args("--step-time-factor", "b0_s=1.5", "--step-time-factor", "b0_s=2")
     assert cli.run(args) == 2
     assert "b0_s given twice" in capsys.readouterr().err
+
+
+def test_true_profile_scales_only_the_named_coefficients():
+    """Factors multiply the true step times; the nominal constants stay the datasheet's."""
+    q = get_profile("a40-qwen2.5-3b")
+    t = true_profile(q, {"b0_s": 1.5, "a1_s": 0.8})
+    assert t.b0_s == pytest.approx(1.5 * q.b0_s) and t.a1_s == pytest.approx(0.8 * q.a1_s)
+    assert t.a0_s == q.a0_s and t.name == q.name
+    assert true_profile(q, {}) is q
+    assert NominalStepTimes.from_profile(q).b0_s == q.b0_s
+    with pytest.raises(ValueError, match="unknown step-time coefficient"):
+        true_profile(q, {"c0_s": 2.0})
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
+        true_profile(q, {"a0_s": 0.0})

@@ -6,7 +6,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from fastroute.emulator.profiles import get_profile
+from fastroute.hardware import get_profile
 from fastroute.hashing import engine_id
 from fastroute.policy import PolicyConfigError, RouteRequest, StaticFleetView, make_policy
 from fastroute.policy.marginal import (

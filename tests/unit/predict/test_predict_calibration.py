@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from fastroute.emulator.model import EngineConfig
-from fastroute.emulator.profiles import get_profile
+from fastroute.hardware import get_profile
 from fastroute.predict import (
     COEF_NAMES,
     CalibrationSnapshot,

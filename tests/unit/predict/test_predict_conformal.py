@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fastroute.emulator.profiles import get_profile
+from fastroute.hardware import get_profile
 from fastroute.predict import ConformalBound, NominalStepTimes, StepTimeModel, decode_features
 
 TRUE = NominalStepTimes.from_profile(get_profile("a40"))

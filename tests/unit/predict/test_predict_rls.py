@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fastroute.emulator.profiles import get_profile
+from fastroute.hardware import get_profile
 from fastroute.predict import (
     COEF_NAMES,
     NominalStepTimes,

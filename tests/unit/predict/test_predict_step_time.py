@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fastroute.emulator.model import EngineConfig, EngineModel, Phase, Request
-from fastroute.emulator.profiles import get_profile
+from fastroute.hardware import get_profile
 from fastroute.predict import (
     COEF_NAMES,
     NominalStepTimes,

@@ -13,8 +13,8 @@ import pytest
 import uvloop
 
 from fastroute.config import EngineConfig
+from fastroute.guards.outlier import Outcome
 from fastroute.proxy import http1, upstream
-from fastroute.proxy.outlier import Outcome
 from fastroute.proxy.upstream import UpstreamError, UpstreamPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]

@@ -9,11 +9,11 @@ import sys
 import numpy as np
 
 from fastroute.config import decode_config
+from fastroute.guards.outlier import Outcome
 from fastroute.proxy.decisions import DecisionLog, DecisionRecord
 from fastroute.proxy.fleet import Fleet
 from fastroute.proxy.handler import _header_lines, new_request_id
 from fastroute.proxy.metrics import ProxyMetrics
-from fastroute.proxy.outlier import Outcome
 
 _CONFIG = (
     "".join(

@@ -9,7 +9,7 @@ import pytest
 from fastroute.emulator.faults import FaultController
 from fastroute.emulator.metrics import EngineMetrics
 from fastroute.emulator.model import EngineConfig, EngineModel
-from fastroute.emulator.profiles import get_profile
+from fastroute.hardware import get_profile
 from fastroute.signals.vllm import (
     CumulativeHistogram,
     MetricsParseError,

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from fastroute.sim.scenario import Scenario, scenario_from_dict
-from fastroute.testing.traces import write_azure_csv
 
 
 def small(**overrides: Any) -> Scenario:
@@ -49,9 +48,3 @@ def small_scenario() -> Scenario:
 def small_factory():
     """``small(**overrides)``: the small scenario with top-level tables merged/replaced."""
     return small
-
-
-@pytest.fixture
-def azure_csv():
-    """``azure_csv(path, rows, gap_s=, prompt=, out=)``: write a small Azure-format trace."""
-    return write_azure_csv

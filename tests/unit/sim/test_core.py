@@ -7,12 +7,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fastroute.emulator.profiles import get_profile
-from fastroute.emulator.tokens import count_text_tokens, render_chat
+from fastroute.guards import admission, outlier, retry_budget
+from fastroute.hardware import get_profile
 from fastroute.policy import POLICIES
-from fastroute.proxy import admission, outlier, retry_budget
 from fastroute.sim import Simulator, summarize
 from fastroute.sim.fleet import DataPlane
+from fastroute.tokens import count_text_tokens, render_chat
 from fastroute.workload import Session, Turn
 from fastroute.workload.session import make_text
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from fastroute.emulator.profiles import PROFILES
+from fastroute.hardware import PROFILES
+from fastroute.policy.marginal import MarginalPairs
 from fastroute.predict.calibration import FleetCalibration
 from fastroute.sim.core import Simulator
 from fastroute.sim.scenario import apply_settings, load_scenario_dict, scenario_from_dict
@@ -73,6 +74,31 @@ def test_pd_marginal_is_deterministic_and_conserves_requests(traces):
     # Served by a decode engine (the record names the decode side under P/D).
     assert {r.engine.split("-")[0] for r in recs if r.outcome == "ok"} == {"decode"}
     assert outcomes(run(data, "marginal-cost", seed=2)) != outcomes(a)
+
+
+def test_pairs_are_chosen_through_the_pair_selector_interface(traces):
+    """A pair-pricing policy ranks P/D pairs through the same PairSelector the proxy calls
+    (per-pool requests: the decode request carries the decode row); other policies have
+    none and rank each pool on its own."""
+    data = tiny(traces, **{"dataplane.policy_params": {"calibrate": True}})
+    sim = Simulator(scenario_from_dict(data), policy="marginal-cost", seed=1)
+    dp = sim.dataplanes[0]
+    assert isinstance(dp.pairs, MarginalPairs) and dp.pairs.policy is dp.policy
+    calls: list[tuple[int, int, int]] = []
+    choose_pair = dp.pairs.choose_pair
+
+    def counting(prefill_request, decode_request, prefill, decode, k):
+        calls.append((prefill_request.row, decode_request.row, k))
+        return choose_pair(prefill_request, decode_request, prefill, decode, k)
+
+    dp.pairs.choose_pair = counting
+    result = sim.run()
+    assert len(calls) >= sum(r.outcome == "ok" for r in result.records) > 30
+    rows = {(sim.row_of[key], sim.decode_row_of[key]) for key in sim.decode_row_of}
+    assert {(p, d) for p, d, _ in calls} == rows
+    assert {k for *_, k in calls} == {sim.scenario.dataplane.k}
+    other = Simulator(scenario_from_dict(tiny(traces)), policy="round-robin", seed=1)
+    assert other.dataplanes[0].pairs is None
 
 
 def test_both_engines_of_a_pair_get_the_hooks_and_the_calibration_learns(traces):

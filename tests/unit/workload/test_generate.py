@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from fastroute.emulator.tokens import count_text_tokens, render_chat
+from fastroute.tokens import count_text_tokens, render_chat
 from fastroute.workload import (
     Burst,
     ChatWorkload,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastroute.emulator.tokens import count_text_tokens, render_chat, tokenize_text
+from fastroute.tokens import count_text_tokens, render_chat, tokenize_text
 from fastroute.workload import (
     ChatWorkload,
     Session,

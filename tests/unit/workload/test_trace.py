@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fastroute.emulator.tokens import count_text_tokens, render_chat, tokenize_text
+from fastroute.tokens import count_text_tokens, render_chat, tokenize_text
 from fastroute.workload import WorkloadError, load_trace
 
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "traces"

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import msgspec
 
-from fastroute.workload import Session, WorkloadError, load_trace
+from fastroute.workload.session import Session
+from fastroute.workload.spec import WorkloadError
+from fastroute.workload.trace import load_trace
 
 __all__ = ["ReplayComponent", "ReplayMix", "mixed_replay_sessions", "burst_warp"]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastroute.sim.replay import ReplayComponent, ReplayMix, burst_warp, mixed_replay_sessions
 from fastroute.workload import WorkloadError
+from fastroute.workload.mix import ReplayComponent, ReplayMix, burst_warp, mixed_replay_sessions
 
 
 def mix(tmp_path: Path, azure_csv, **kw) -> ReplayMix:

@@ -1,6 +1,13 @@
 """A deterministic approximation of tokenization, and the chat template.
 
-The emulator has no vocabulary. A prompt's text is encoded as UTF-8 and cut into
+One definition for every part that must agree on token counts and KV block hashes: the
+engine emulator (which serves prompts), the workload generators (which build prompt text
+to an exact token count) and the simulator. It sits at the top of the package, below all
+of them and depending only on :mod:`fastroute.hashing` and :mod:`fastroute.hardware`, so
+the workload generators (shared by the simulator, the fleet benchmark and the demo) never
+import the fake engines.
+
+There is no vocabulary. A prompt's text is encoded as UTF-8 and cut into
 fixed-width chunks of :data:`BYTES_PER_TOKEN` (4) bytes; each chunk is one
 token whose id is the chunk read as a little-endian ``uint32`` (the last chunk
 zero-padded). Four bytes per token is close to the average of Llama-3's
@@ -13,16 +20,13 @@ the chunking of a text hashes identically to that text.
 
 KV blocks are identified by chained hashes, as in vLLM's prefix cache:
 ``h_i = xxh3_64(h_{i-1} as 8 bytes ‖ bytes of block i)``, one per *full* block
-of :data:`~fastroute.emulator.profiles.BLOCK_SIZE_TOKENS` tokens.
+of :data:`~fastroute.hardware.BLOCK_SIZE_TOKENS` tokens.
 
 Chat messages are rendered with a Llama-3-style template (documented in
 ``docs/emulator.md``)::
 
     <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>…
     <|start_header_id|>assistant<|end_header_id|>\\n\\n
-
-Generated text is a deterministic sequence of short words: token ``j`` of an
-output seeded ``s`` is ``WORDS[(s + j·2654435761) mod len(WORDS)]``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from fastroute.emulator.profiles import BLOCK_SIZE_TOKENS
+from fastroute.hardware import BLOCK_SIZE_TOKENS
 from fastroute.hashing import key_hash
 
 __all__ = [
@@ -41,24 +45,11 @@ __all__ = [
     "tokenize_text",
     "tokenize_ids",
     "render_chat",
-    "output_token_text",
-    "WORDS",
 ]
 
 BYTES_PER_TOKEN = 4
 _BLOCK_BYTES = BYTES_PER_TOKEN * BLOCK_SIZE_TOKENS
 _MAX_TOKEN_ID = 2**32 - 1
-
-#: Vocabulary of generated text: short English words, each one token.
-WORDS: tuple[str, ...] = tuple(
-    " " + w
-    for w in (
-        "the of and to in is that for it as was with be by on not he this are or his "
-        "from at which but have an they you were her she there been one all we their "
-        "has would when if so no will can more other its time into only some could new "
-        "them than then two may these first any like now my such make over our even most"
-    ).split()
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +169,3 @@ def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
         )
     parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
     return "".join(parts)
-
-
-def output_token_text(seed: int, index: int) -> str:
-    """Return the text of generated token ``index`` of an output seeded ``seed``."""
-    return WORDS[(seed + index * 2654435761) % len(WORDS)]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fastroute.proxy.retry_budget import RetryBudget
+from fastroute.guards.retry_budget import RetryBudget
 
 
 def simulate(

@@ -1,21 +1,21 @@
-"""Hardware profiles: coefficients follow from the published figures they are derived from."""
+"""Hardware datasheets: coefficients follow from the published figures they are derived from."""
 
 from __future__ import annotations
 
 import pytest
 
-from fastroute.emulator.profiles import (
+from fastroute.hardware import (
     BLOCK_SIZE_TOKENS,
     GPUS,
+    IDLE_LATENCY_S,
     LLAMA_3_8B,
     MEM_EFFICIENCY,
     PROFILES,
     STEP_OVERHEAD_S,
     derive_profile,
     get_profile,
-    true_profile,
+    seed_latency_s,
 )
-from fastroute.predict import NominalStepTimes
 
 
 def test_llama3_8b_kv_bytes_per_token_is_128_kib():
@@ -88,15 +88,14 @@ def test_qwen_profile_is_derived_like_the_builtins():
     assert q.kv_capacity_tokens > llama.kv_capacity_tokens
 
 
-def test_true_profile_scales_only_the_named_coefficients():
-    """Factors multiply the true step times; the nominal constants stay the datasheet's."""
-    q = get_profile("a40-qwen2.5-3b")
-    t = true_profile(q, {"b0_s": 1.5, "a1_s": 0.8})
-    assert t.b0_s == pytest.approx(1.5 * q.b0_s) and t.a1_s == pytest.approx(0.8 * q.a1_s)
-    assert t.a0_s == q.a0_s and t.name == q.name
-    assert true_profile(q, {}) is q
-    assert NominalStepTimes.from_profile(q).b0_s == q.b0_s
-    with pytest.raises(ValueError, match="unknown step-time coefficient"):
-        true_profile(q, {"c0_s": 2.0})
-    with pytest.raises(ValueError, match="must be a finite number > 0"):
-        true_profile(q, {"a0_s": 0.0})
+def test_seed_latency_is_stated_per_gpu_for_llama_3_8b_only():
+    """The idle figures belong to the GPU of a Llama-3-8B profile, case-insensitively; other
+    models and unknown labels have none (their users choose a fallback)."""
+    assert seed_latency_s("h100") == (0.05, 0.008)
+    assert seed_latency_s("L4") == IDLE_LATENCY_S["l4"] == (0.25, 0.045)
+    assert [seed_latency_s(g) for g in GPUS] == [IDLE_LATENCY_S[g] for g in GPUS]
+    assert seed_latency_s("a40-qwen2.5-3b") is None
+    assert seed_latency_s("h100-sxm") is None
+    # Ordered by memory bandwidth: a faster GPU answers and decodes sooner.
+    by_bandwidth = sorted(GPUS, key=lambda g: -GPUS[g].bandwidth_Bps)
+    assert [IDLE_LATENCY_S[g] for g in by_bandwidth] == sorted(IDLE_LATENCY_S.values())

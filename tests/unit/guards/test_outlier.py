@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastroute._core import Selector
-from fastroute.proxy.outlier import Outcome, OutlierDetector
+from fastroute.guards.outlier import Outcome, OutlierDetector
 
 
 def fail(det: OutlierDetector, engine: int, n: int, now_s: float, kind=Outcome.HTTP_5XX) -> bool:
