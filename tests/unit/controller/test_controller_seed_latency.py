@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.service import FALLBACK_SEED_LATENCY_S, HARDWARE_SEED_LATENCY_S
+from controller.model import FALLBACK_SEED_LATENCY_S, HARDWARE_SEED_LATENCY_S
 from fastroute.hardware import IDLE_LATENCY_S
 
 
