@@ -96,7 +96,6 @@ from fastroute.errors import TableError
 from fastroute.hashing import class_key, engine_id
 from fastroute.signals.reports import Report
 from fastroute.tables import FLAG_UNAVAILABLE, TableSnapshot, TableWriter
-from fastroute.tables.wire import make_snapshot
 
 __all__ = [
     "HARDWARE_SEED_LATENCY_S",
@@ -1225,27 +1224,19 @@ class ControllerService:
     ) -> TableSnapshot:
         if self.writer is None:
             raise TableError("the table is not open")
-        keys = self.model.class_keys
-        gen = self.writer.publish(
+        snap = TableSnapshot.validated(
+            self.writer.generation + 1,
             self.model.engine_ids,
             w,
-            class_keys=keys,
-            engine_flags=flags,
-            shed_fraction=sigma,
-            retry_ratio=retry,
-            meta=meta,
-        )
-        return make_snapshot(
-            gen,
-            self.model.engine_ids,
-            w,
-            class_keys=keys,
+            class_keys=self.model.class_keys,
             engine_flags=flags,
             shed_fraction=sigma,
             retry_ratio=retry,
             published_at=self.clock(),
             meta=meta,
         )
+        self.writer.write(snap)  # the same object the HTTP side serves
+        return snap
 
     def _alert(self, kind: str, message: str) -> None:
         self.metrics.alerts.labels(kind=kind).inc()
