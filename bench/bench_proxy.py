@@ -67,8 +67,8 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
-from fastroute.bench.process import free_port
-from fastroute.bench.procstat import session_cpu_s
+from fastroute.fleetbench.process import free_port
+from fastroute.fleetbench.procstat import session_cpu_s
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "stub-model"

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from fastroute.bench.process import free_port
+from fastroute.fleetbench.process import free_port
 
 __all__ = [
     "START_TIMEOUT_S",

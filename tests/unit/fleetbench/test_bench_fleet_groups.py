@@ -7,9 +7,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from fastroute.bench import fleet
-from fastroute.bench.fleet import EngineGroup, FleetSpec, PlannedEngine, RegionSpec, plan_engines
 from fastroute.emulator.profiles import PROFILES
+from fastroute.fleetbench import fleet
+from fastroute.fleetbench.fleet import (
+    EngineGroup,
+    FleetSpec,
+    PlannedEngine,
+    RegionSpec,
+    plan_engines,
+)
 
 FACTORS = {"a0_s": 1.5, "b0_s": 1.5, "a1_s": 0.8}
 

@@ -2,7 +2,7 @@
 
 Every server runs in its **own session** (``start_new_session``): its whole process
 tree (a proxy supervisor and its workers, nginx and its workers) is one process
-group, measured together (:mod:`fastroute.bench.procstat`) and stopped together —
+group, measured together (:mod:`fastroute.fleetbench.procstat`) and stopped together —
 SIGTERM to the group, SIGKILL to the group after a bound. Children also get
 ``PR_SET_PDEATHSIG = SIGTERM``, so a harness killed with SIGKILL does not leave
 them running. Start processes from the main thread: the death signal follows the
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
-from fastroute.bench.procstat import group_alive
+from fastroute.fleetbench.procstat import group_alive
 
 __all__ = [
     "ManagedProcess",
