@@ -136,7 +136,7 @@ def _run_specs(specs: list[BenchSpec], args: argparse.Namespace) -> int:
 
 def _capacity(spec: object, attainment: float) -> int:
     """Print the estimated capacity of each profile in the spec's fleet."""
-    from fastroute.fleetbench.capacity import engine_capacity_rps
+    from fastroute.fleetbench.capacity import slo_capacity_rps
     from fastroute.fleetbench.spec import BenchSpec
     from fastroute.workload import ChatWorkload
 
@@ -150,7 +150,7 @@ def _capacity(spec: object, attainment: float) -> int:
         return 2
     workload = ChatWorkload.from_dict(spec.workload)
     for profile in dict.fromkeys(g.profile for g in spec.fleet.groups):
-        rps = engine_capacity_rps(
+        rps = slo_capacity_rps(
             profile, workload, ttft_slo_s=spec.slo.ttft_s, tbot_slo_s=spec.slo.tbot_s,
             attainment=attainment, seed=spec.seed,
         )  # fmt: skip

@@ -49,7 +49,7 @@ from fastroute.predict.calibration import datasheet_profile
 from fastroute.predict.step_time import NominalStepTimes
 from fastroute.proxy.admission import Verdict, should_shed
 from fastroute.proxy.outlier import Outcome
-from fastroute.sim.capacity import estimate_capacity_rps, idle_latencies, request_shapes
+from fastroute.sim.capacity import idle_latencies, request_shapes, saturation_capacity_rps
 from fastroute.sim.control import ControlInput, ControlOutput, EngineWindow, Optimiser
 from fastroute.sim.fleet import DataPlane, SimEngine, engine_load
 from fastroute.sim.records import RequestRecord
@@ -426,11 +426,11 @@ class Simulator:
             if cap is None:
                 if e.role == "decode":
                     # A decode engine's work is the decode of a request; prompt KV arrives.
-                    cap = estimate_capacity_rps(e.profile, e.config, [(1, o) for _, o in shapes])
+                    cap = saturation_capacity_rps(e.profile, e.config, [(1, o) for _, o in shapes])
                 elif e.role == "prefill":
-                    cap = estimate_capacity_rps(e.profile, e.config, [(p, 1) for p, _ in shapes])
+                    cap = saturation_capacity_rps(e.profile, e.config, [(p, 1) for p, _ in shapes])
                 else:
-                    cap = estimate_capacity_rps(e.profile, e.config, shapes)
+                    cap = saturation_capacity_rps(e.profile, e.config, shapes)
                 _capacity_cache[key] = cap
             e.capacity_rps = cap
         self.idle = [
