@@ -28,7 +28,7 @@ from fastroute.tables.layout import (
 
 __all__ = ["TableSnapshot", "DEFAULT_RETRY_RATIO", "check_weights"]
 
-#: Retry budget ratio published when the caller gives none (algorithms.md §3).
+#: Retry budget ratio published when the caller gives none.
 DEFAULT_RETRY_RATIO = 0.1
 
 

@@ -18,11 +18,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from fastroute.fleetbench.process import kill_group
+from fastroute.fleetbench.process import free_port, kill_group
 
 __all__ = [
     "START_TIMEOUT_S",
     "child_env",
+    "free_port",
     "http_get",
     "http_metric",
     "kill_groups",

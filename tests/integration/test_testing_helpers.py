@@ -9,9 +9,8 @@ import uuid
 import pytest
 
 from fastroute.config import decode_config
-from fastroute.fleetbench.process import free_port
 from fastroute.testing.configs import engines_toml
-from fastroute.testing.processes import http_get, kill_groups, processes_naming
+from fastroute.testing.processes import free_port, http_get, kill_groups, processes_naming
 from fastroute.testing.waiting import poll_until
 
 URLS = ["http://127.0.0.1:9", "http://127.0.0.1:10"]

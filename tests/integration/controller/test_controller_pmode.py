@@ -24,11 +24,10 @@ from controller_fleet import ENGINES, MODEL, two_region_toml
 
 from controller.service import ControllerService
 from fastroute.config import decode_config
-from fastroute.fleetbench.process import free_port
 from fastroute.hashing import class_key, engine_id
 from fastroute.signals.reports import EngineReport, LatencySummary, Report
 from fastroute.tables import TableReader
-from fastroute.testing.processes import http_get
+from fastroute.testing.processes import free_port, http_get
 from fastroute.testing.waiting import poll_until
 
 pytestmark = pytest.mark.integration

@@ -32,7 +32,6 @@ from controller.service import ControllerService
 from fastroute.config import PRIORITIES, decode_config
 from fastroute.emulator.model import OutputLengthDistribution
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
-from fastroute.fleetbench.process import free_port
 from fastroute.proxy.app import CONTEXT
 from fastroute.proxy.app import make_app as make_proxy_app
 from fastroute.proxy.fleet import class_key
@@ -40,7 +39,7 @@ from fastroute.signals.reports import ClassDemand, Report, encode_report
 from fastroute.tables import TableReader, TableSnapshot
 from fastroute.tables.segment import shm_dir
 from fastroute.tables.wire import decode_snapshot
-from fastroute.testing.processes import http_get
+from fastroute.testing.processes import free_port, http_get
 from fastroute.testing.servers import serve_app
 from fastroute.testing.waiting import poll_until, wait_until
 

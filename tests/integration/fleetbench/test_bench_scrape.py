@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 
 from fastroute.emulator.server import EmulatedFleet, EngineSpec
-from fastroute.fleetbench.process import free_port
 from fastroute.fleetbench.scrape import scrape_engines, scrape_proxies
+from fastroute.testing.processes import free_port
 from fastroute.testing.servers import serve_app
 
 pytestmark = pytest.mark.integration
