@@ -67,8 +67,8 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
-from fastroute.bench.process import free_port
-from fastroute.bench.procstat import session_cpu_s
+from fastroute.fleetbench.process import ProcessDiedError, free_port, stop_group, wait_http_ok
+from fastroute.fleetbench.procstat import session_cpu_s
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "stub-model"
@@ -124,20 +124,16 @@ class Server:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")[-n:]
 
+    def check_alive(self) -> None:
+        """Raise ProcessDiedError (a RuntimeError, with stderr's end) if the server exited."""
+        if self.proc.poll() is not None:
+            raise ProcessDiedError(
+                f"{self.name} exited with {self.proc.returncode}: {self.stderr_tail()}"
+            )
+
     def stop(self) -> None:
         """SIGTERM the process group, SIGKILL it after 5 s."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        # The leader may be gone while children (nginx workers) linger: kill the group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
+        stop_group(self.proc, timeout_s=5.0)
         if self.proc.stdout:
             self.proc.stdout.close()
         self.log.close()
@@ -244,22 +240,16 @@ def available(target: str) -> str | None:
 
 async def wait_ready(server: Server, url: str) -> None:
     """Poll a real chat request through ``url`` until it answers 200 (bounded)."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        while True:
-            if server.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{server.name} exited with {server.proc.returncode}: {server.stderr_tail()}"
-                )
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with session.post(url + "/v1/chat/completions", json=body) as resp:
-                    await resp.read()
-                    if resp.status == 200:
-                        return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{server.name} not ready within {READY_TIMEOUT_S} s")
-            await asyncio.sleep(0.1)
+    try:
+        await wait_http_ok(
+            url + "/v1/chat/completions",
+            timeout_s=READY_TIMEOUT_S,
+            process=server,
+            json_body=body,
+        )
+    except TimeoutError as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 # -- load ------------------------------------------------------------------------------------------

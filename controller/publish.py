@@ -20,7 +20,6 @@ import numpy.typing as npt
 from controller.model import FleetModel, Plan
 from fastroute.errors import TableError
 from fastroute.tables import TableSnapshot, TableWriter
-from fastroute.tables.wire import make_snapshot
 
 __all__ = ["TablePublisher"]
 
@@ -124,27 +123,19 @@ class TablePublisher:
     ) -> TableSnapshot:
         if self.writer is None:
             raise TableError("the table is not open")
-        keys = model.class_keys
-        gen = self.writer.publish(
+        snap = TableSnapshot.validated(
+            self.writer.generation + 1,
             model.engine_ids,
             w,
-            class_keys=keys,
-            engine_flags=flags,
-            shed_fraction=sigma,
-            retry_ratio=retry,
-            meta=meta,
-        )
-        return make_snapshot(
-            gen,
-            model.engine_ids,
-            w,
-            class_keys=keys,
+            class_keys=model.class_keys,
             engine_flags=flags,
             shed_fraction=sigma,
             retry_ratio=retry,
             published_at=self.clock(),
             meta=meta,
         )
+        self.writer.write(snap)  # the same object the HTTP side serves
+        return snap
 
     @property
     def generation(self) -> int:

@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from controller.groups import EngineGroups
 from fastroute.errors import TableValueError
+from fastroute.tables import check_weights
 
 __all__ = [
     "class_weights",
@@ -115,6 +116,8 @@ def validate_weights(
 ) -> None:
     """Check rows before publishing: finite, ≥ 0, each row sums to 1 or is all zero.
 
+    The first two are the table's own rule (:func:`fastroute.tables.check_weights`).
+
     Raises
     ------
     TableValueError
@@ -127,10 +130,7 @@ def validate_weights(
             f"expected weights (n_classes, n_engines) and shed (n_classes,), "
             f"got {w.shape} and {sigma.shape}"
         )
-    bad = ~np.isfinite(w).all(axis=1) | (w < 0).any(axis=1)
-    if bad.any():
-        g = int(np.argmax(bad))
-        raise TableValueError(f"class row {g}: weights must be finite and >= 0, got {w[g]}")
+    check_weights(w)
     sums = w.sum(axis=1)
     bad = ~(np.isclose(sums, 1.0, rtol=0.0, atol=atol) | (sums == 0.0))
     if bad.any():

@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "table": ("fastroute.tables.cli", "inspect a shared-memory weight table"),
     "demo": ("fastroute.demo.cli", "run the whole system on loopback with emulated engines"),
     "sim": ("fastroute.sim.cli", "simulate routing policies on a virtual fleet (scenarios)"),
-    "bench": ("fastroute.bench.cli", "benchmark routers side by side on an emulated fleet"),
+    "bench": ("fastroute.fleetbench.cli", "benchmark routers side by side on an emulated fleet"),
 }
 
 

@@ -92,6 +92,8 @@ Priority = Literal["batch", "default", "interactive"]
 PRIORITIES: tuple[str, ...] = typing.get_args(Priority)
 
 #: Routing policies (``fastroute.policy``); ``weighted-hrw`` follows the controller's LP weights.
+#: The one list of their names: ``fastroute.policy.registry`` checks at import it has a policy
+#: for each, and no other.
 PolicyName = Literal[
     "weighted-hrw",
     "round-robin",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from fastroute.bench.fleet import PlannedEngine
-from fastroute.bench.scrape import EngineCounters, ProxyCounters
+from fastroute.fleetbench.fleet import PlannedEngine
+from fastroute.fleetbench.scrape import EngineCounters, ProxyCounters
 from fastroute.loadgen.summary import RunSummary
 
 __all__ = ["summary_table", "plan_text", "urls_text", "keep_text"]

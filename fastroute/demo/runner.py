@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastroute.bench.fleet import PlannedEngine, set_fault
-from fastroute.bench.process import ProcessDiedError, ProcessSet
-from fastroute.bench.scrape import fetch_json, scrape_engines, scrape_proxies
-from fastroute.bench.stack import FastrouteStack, remove_segments, run_prefix, start_fleet
 from fastroute.demo import report
 from fastroute.demo.scenario import DEMO_FLEET, MODELS, SLO_S, SOURCES, demo_workload
+from fastroute.fleetbench.fleet import PlannedEngine, set_fault
+from fastroute.fleetbench.process import ProcessDiedError, ProcessSet
+from fastroute.fleetbench.scrape import fetch_json, scrape_engines, scrape_proxies
+from fastroute.fleetbench.stack import FastrouteStack, remove_segments, run_prefix, start_fleet
 from fastroute.loadgen import DriveOptions, LoadDriver, RequestRecord, summarize
 from fastroute.workload import generate_sessions
 

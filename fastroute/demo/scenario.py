@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fastroute.bench.fleet import EngineGroup, FleetSpec, RegionSpec
+from fastroute.fleetbench.fleet import EngineGroup, FleetSpec, RegionSpec
 
 if TYPE_CHECKING:
     from fastroute.workload import ChatWorkload

@@ -55,7 +55,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -857,39 +857,69 @@ class EngineModel:
 
 
 def replay(
-    model: EngineModel, arrivals: Iterable[tuple[float, Request]], *, max_steps: int = 10_000_000
+    model: EngineModel,
+    arrivals: Iterable[tuple[float, Request]],
+    *,
+    max_steps: int = 10_000_000,
+    on_finished: Callable[[Request], Iterable[tuple[float, Request]]] | None = None,
+    on_refused: Callable[[Request], None] | None = None,
 ) -> list[Request]:
     """Run ``model`` in virtual time over ``arrivals`` until every request finishes.
+
+    The one replay loop of an engine model: the simulator's saturation capacity feeds
+    it a batch, the fleet benchmark's SLO capacity closed-loop sessions (a turn's
+    finish schedules the next turn through ``on_finished``).
 
     Parameters
     ----------
     model : EngineModel
         A fresh model (or one whose clock is behind the first arrival).
     arrivals : iterable of (arrival_s, Request)
-        Requests and when they arrive.
+        Requests and when they arrive; ties arrive in the given order.
     max_steps : int
-        Safety bound on the number of steps.
+        Safety bound on the number of loop iterations (arrival batches and steps).
+    on_finished : callable, optional
+        Called with each request as it finishes (in step order); returns the further
+        arrivals it causes (a session's next turn), which must not lie in the past.
+    on_refused : callable, optional
+        Called with a request the model refuses (:class:`QueueFullError`); without it
+        the error propagates.
 
     Returns
     -------
     list of Request
-        The requests in arrival order, with their timings filled in.
+        The requests in arrival order (refused ones included), with their timings
+        filled in.
     """
-    pending = sorted(arrivals, key=lambda item: item[0])
-    idx = 0
+    pending: list[tuple[float, int, Request]] = []
+    for at, req in arrivals:
+        heapq.heappush(pending, (at, len(pending), req))
+    pushed = len(pending)
+    arrived: list[Request] = []
     t = pending[0][0] if pending else 0.0
     for _ in range(max_steps):
         nxt = model.next_step_time(t)
-        if idx < len(pending) and (nxt is None or pending[idx][0] <= nxt):
-            t = max(t, pending[idx][0])
-            while idx < len(pending) and pending[idx][0] <= t:
-                model.submit(pending[idx][1], pending[idx][0])
-                idx += 1
+        if pending and (nxt is None or pending[0][0] <= nxt):
+            t = max(t, pending[0][0])
+            while pending and pending[0][0] <= t:
+                _, _, req = heapq.heappop(pending)
+                arrived.append(req)
+                try:
+                    model.submit(req, t)
+                except QueueFullError:
+                    if on_refused is None:
+                        raise
+                    on_refused(req)
             continue
         if nxt is None:
             break
         t = nxt
-        model.step(t)
+        finished = model.step(t).finished
+        if on_finished is not None:
+            for req in finished:
+                for at, follow_up in on_finished(req):
+                    heapq.heappush(pending, (at, pushed, follow_up))
+                    pushed += 1
     else:
         raise RuntimeError(f"replay did not finish within {max_steps} steps")
-    return [req for _, req in pending]
+    return arrived

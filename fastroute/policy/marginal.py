@@ -119,6 +119,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from enum import IntEnum
 from operator import itemgetter
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -151,6 +152,7 @@ __all__ = [
     "PairDecision",
     "REASON_SLO_DEPRIORITISED",
     "REASON_SLO_INFEASIBLE",
+    "StateColumn",
     "StaticEngineStateView",
 ]
 
@@ -159,21 +161,31 @@ REASON_SLO_INFEASIBLE = "slo-infeasible"
 #: ``Decision.reason`` when no engine meets the SLO and ``infeasible="deprioritise"``.
 REASON_SLO_DEPRIORITISED = "slo-deprioritised"
 
-#: Columns of :attr:`EngineState.values`, in order.
-COLUMNS = (
-    "queued_prefill_tokens",
-    "queued_requests",
-    "running_seqs",
-    "running_context_tokens",
-    "running_remaining_tokens",
-    "kv_used_tokens",
-    "kv_capacity_tokens",
-    "arrival_rate_rps",
-    "network_s",
-    "engine_type",
-    "prefill_tokens_per_step",
-)
-_COL = {name: i for i, name in enumerate(COLUMNS)}
+
+class StateColumn(IntEnum):
+    """Columns of :attr:`EngineState.values`, in order (described on :class:`EngineState`).
+
+    Hot loops bind the members to module-level ints (``_RUNNING = int(StateColumn.X)``)
+    or unpack a row in this order, rather than look an attribute up per call.
+    """
+
+    QUEUED_PREFILL_TOKENS = 0
+    QUEUED_REQUESTS = 1
+    RUNNING_SEQS = 2
+    RUNNING_CONTEXT_TOKENS = 3
+    RUNNING_REMAINING_TOKENS = 4
+    KV_USED_TOKENS = 5
+    KV_CAPACITY_TOKENS = 6
+    ARRIVAL_RATE_RPS = 7
+    NETWORK_S = 8
+    ENGINE_TYPE = 9
+    PREFILL_TOKENS_PER_STEP = 10
+
+
+#: Names of :attr:`EngineState.values`'s columns, in order (the lower-case member names).
+COLUMNS = tuple(c.name.lower() for c in StateColumn)
+_COL = {name: StateColumn(i) for i, name in enumerate(COLUMNS)}
+_ENGINE_TYPE = int(StateColumn.ENGINE_TYPE)
 
 
 class EngineState:
@@ -226,11 +238,13 @@ class EngineState:
         if n_engines < 0 or not type_names:
             raise ValueError("n_engines must be >= 0 and type_names non-empty")
         self.values = np.zeros((n_engines, len(COLUMNS)))
-        self.values[:, _COL["running_remaining_tokens"]] = np.nan
+        self.values[:, StateColumn.RUNNING_REMAINING_TOKENS] = np.nan
         self.type_names = tuple(type_names)
 
-    def column(self, name: str) -> np.ndarray:
+    def column(self, name: str | StateColumn) -> np.ndarray:
         """A writable view of column ``name`` (one value per engine)."""
+        if isinstance(name, StateColumn):
+            return self.values[:, name]
         try:
             return self.values[:, _COL[name]]
         except KeyError:
@@ -824,9 +838,10 @@ class MarginalCost(Policy):
     ) -> tuple[list[float], StepTimeModel]:
         if state is not None:
             row = state.values[e].tolist()
-            return row, self._models_by_types[state.type_names][int(row[9])]
+            return row, self._models_by_types[state.type_names][int(row[_ENGINE_TYPE])]
         b = float(loads[e]) if loads is not None else 0.0
-        # No state: in-flight requests as the running batch, of this request's size.
+        # No state: in-flight requests as the running batch, of this request's size
+        # (a row in StateColumn order).
         row = [0.0, 0.0, b, b * (n + n_out / 2), math.nan, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         return row, self.calibration.model(self.engine_type)
 
@@ -848,7 +863,7 @@ class MarginalCost(Policy):
         helper calls in the common case.
         """
         if state is not None:
-            row = state.values[e].tolist()
+            row = state.values[e].tolist()  # unpacked in StateColumn order
             q_tok, q_req, B, S, rem, kv_used, kv_cap, lam, net, typ, mix = row
             m = self._models_by_types[state.type_names][int(typ)]
         else:

@@ -5,6 +5,11 @@ its tunables); :func:`make_policy` turns that into an instance and rejects unkno
 names and parameters with an error that lists what is valid. The registry is a plain
 dict built here, not filled by import side effects (vidur's registries are what we
 avoid).
+
+The names themselves are :data:`fastroute.config.POLICY_NAMES` (the ``PolicyName``
+literal the configuration is decoded with): the configuration stays importable without
+the policies and their numpy/predict dependencies. This module checks at import that
+the two agree, so a policy without a name, or a name without a policy, fails at once.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from fastroute.config import POLICY_NAMES, PolicyConfig
 from fastroute.policy.base import Policy, PolicyConfigError
 from fastroute.policy.cache_aware import CacheAware
 from fastroute.policy.consistent_hash import ConsistentHash
@@ -22,9 +28,27 @@ from fastroute.policy.power_of_two import PowerOfTwo
 from fastroute.policy.round_robin import RoundRobin
 from fastroute.policy.weighted_hrw import WeightedHRW
 
-__all__ = ["POLICIES", "DEFAULT_POLICY", "make_policy", "policy_params"]
+__all__ = ["POLICIES", "DEFAULT_POLICY", "check_names", "make_policy", "policy_params"]
 
-#: Every policy by its registered name.
+
+def check_names(policies: dict[str, type[Policy]], names: tuple[str, ...]) -> None:
+    """Raise if ``policies`` (the registry) and ``names`` (the configuration's) differ.
+
+    Raises
+    ------
+    RuntimeError
+        Naming the names without a policy and the policies without a name.
+    """
+    missing = sorted(set(names) - set(policies))
+    unnamed = sorted(set(policies) - set(names))
+    if missing or unnamed:
+        raise RuntimeError(
+            f"fastroute.config.POLICY_NAMES and the policy registry disagree: "
+            f"no policy for {missing}, no name in the configuration for {unnamed}"
+        )
+
+
+#: Every policy by its registered name (exactly :data:`fastroute.config.POLICY_NAMES`).
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
@@ -38,9 +62,10 @@ POLICIES: dict[str, type[Policy]] = {
         LengthHeuristic,
     )
 }
+check_names(POLICIES, POLICY_NAMES)
 
-#: The policy of a class that names none.
-DEFAULT_POLICY = WeightedHRW.name
+#: The policy of a class that names none (the configuration's default).
+DEFAULT_POLICY: str = PolicyConfig().default
 
 
 def policy_params(name: str) -> dict[str, Any]:

@@ -53,7 +53,7 @@ import msgspec
 import numpy as np
 
 from fastroute.policy.base import RouteRequest
-from fastroute.policy.marginal import EngineState, MarginalCost
+from fastroute.policy.marginal import EngineState, MarginalCost, StateColumn
 from fastroute.predict.calibration import DEFAULT_TYPE
 from fastroute.predict.interleave import PrefillInterleave
 
@@ -84,8 +84,15 @@ FLUSH_TOKENS = 16
 #: when this worker has no running request on the engine to take a mean from.
 DEFAULT_CONTEXT_TOKENS = 1024.0
 
-# Columns of EngineState.values (fastroute.policy.marginal.COLUMNS).
-_Q_TOK, _Q_REQ, _B, _S, _REM, _KV_USED, _KV_CAP, _RATE, _NET, _TYPE, _MIX = range(11)
+# Columns of EngineState.values, bound to plain ints for the per-token bookkeeping.
+_Q_TOK = int(StateColumn.QUEUED_PREFILL_TOKENS)
+_Q_REQ = int(StateColumn.QUEUED_REQUESTS)
+_B = int(StateColumn.RUNNING_SEQS)
+_S = int(StateColumn.RUNNING_CONTEXT_TOKENS)
+_KV_USED = int(StateColumn.KV_USED_TOKENS)
+_KV_CAP = int(StateColumn.KV_CAPACITY_TOKENS)
+_TYPE = int(StateColumn.ENGINE_TYPE)
+_MIX = int(StateColumn.PREFILL_TOKENS_PER_STEP)
 
 
 class _Details(msgspec.Struct):

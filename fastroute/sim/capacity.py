@@ -1,11 +1,13 @@
-"""Engine capacity (req/s at ρ = 1) and idle latencies, from the performance model.
+"""Engine saturation capacity (req/s at ρ = 1) and idle latencies, from the performance model.
 
-Capacity is *measured*, not guessed: :func:`estimate_capacity_rps` replays a batch of
+Capacity is *measured*, not guessed: :func:`saturation_capacity_rps` replays a batch of
 the workload's own request shapes, all arriving at once, through a fresh
 :class:`~fastroute.emulator.model.EngineModel` and takes the completion rate up to
 the 90th-percentile completion (the drain tail, when the batch empties, is excluded).
 Prompts get unique block hashes, so the figure is the capacity *without* prefix-cache
-reuse: routing that keeps sessions on their engine gains headroom above it.
+reuse: routing that keeps sessions on their engine gains headroom above it. (The fleet
+benchmark's SLO capacity with reuse, :func:`fastroute.fleetbench.capacity.slo_capacity_rps`,
+runs the same replay loop.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from fastroute.emulator.model import EngineConfig, EngineModel, Request, replay
 from fastroute.hardware import HardwareProfile
 from fastroute.workload import Session
 
-__all__ = ["request_shapes", "estimate_capacity_rps", "idle_latencies"]
+__all__ = ["request_shapes", "saturation_capacity_rps", "idle_latencies"]
 
 # Template tokens per message (header + end-of-turn), close enough for shapes.
 _MESSAGE_OVERHEAD_TOKENS = 10
@@ -42,7 +44,7 @@ def request_shapes(sessions: Sequence[Session], n: int, seed: int = 0) -> list[t
     return [shapes[rng.randrange(len(shapes))] for _ in range(n)]
 
 
-def estimate_capacity_rps(
+def saturation_capacity_rps(
     profile: HardwareProfile,
     config: EngineConfig,
     shapes: Sequence[tuple[int, int]],

@@ -48,10 +48,10 @@ from fastroute.hardware import get_profile
 from fastroute.hashing import engine_id as make_engine_id
 from fastroute.hashing import key_hash
 from fastroute.policy import RouteRequest
-from fastroute.policy.marginal import COLUMNS, REASON_SLO_INFEASIBLE, MarginalRequest
+from fastroute.policy.marginal import REASON_SLO_INFEASIBLE, MarginalRequest, StateColumn
 from fastroute.predict.calibration import datasheet_profile
 from fastroute.predict.step_time import NominalStepTimes
-from fastroute.sim.capacity import estimate_capacity_rps, idle_latencies, request_shapes
+from fastroute.sim.capacity import idle_latencies, request_shapes, saturation_capacity_rps
 from fastroute.sim.control import ControlInput, ControlOutput, EngineWindow, Optimiser
 from fastroute.sim.fleet import DataPlane, SimEngine, engine_load
 from fastroute.sim.records import RequestRecord
@@ -63,7 +63,15 @@ __all__ = ["Simulator", "SimResult", "ControlSample", "prepare_sessions"]
 
 # Event kinds, in tie-break order.
 K_CONTROL, K_PULL, K_FAULT, K_TURN, K_ARRIVE, K_TRANSFER, K_RESPONSE, K_STEP = range(8)
-_MIX = COLUMNS.index("prefill_tokens_per_step")  # EngineState column
+# EngineState columns, as plain ints for the event loop.
+_Q_TOK = int(StateColumn.QUEUED_PREFILL_TOKENS)
+_Q_REQ = int(StateColumn.QUEUED_REQUESTS)
+_B = int(StateColumn.RUNNING_SEQS)
+_S = int(StateColumn.RUNNING_CONTEXT_TOKENS)
+_KV_USED = int(StateColumn.KV_USED_TOKENS)
+_KV_CAP = int(StateColumn.KV_CAPACITY_TOKENS)
+_NET = int(StateColumn.NETWORK_S)
+_MIX = int(StateColumn.PREFILL_TOKENS_PER_STEP)
 #: Bytes of prompt text handed to prefix-aware policies (the proxy's PREFIX_BYTES).
 PREFIX_BYTES = 4096
 _FAILURE_REASON = {
@@ -420,11 +428,11 @@ class Simulator:
             if cap is None:
                 if e.role == "decode":
                     # A decode engine's work is the decode of a request; prompt KV arrives.
-                    cap = estimate_capacity_rps(e.profile, e.config, [(1, o) for _, o in shapes])
+                    cap = saturation_capacity_rps(e.profile, e.config, [(1, o) for _, o in shapes])
                 elif e.role == "prefill":
-                    cap = estimate_capacity_rps(e.profile, e.config, [(p, 1) for p, _ in shapes])
+                    cap = saturation_capacity_rps(e.profile, e.config, [(p, 1) for p, _ in shapes])
                 else:
-                    cap = estimate_capacity_rps(e.profile, e.config, shapes)
+                    cap = saturation_capacity_rps(e.profile, e.config, shapes)
                 _capacity_cache[key] = cap
             e.capacity_rps = cap
         self.idle = [
@@ -1010,13 +1018,13 @@ class Simulator:
             row = v[e.index]
             if e.up:
                 m = e.model
-                row[0], row[1], row[2], row[3], row[5] = engine_load(m)
-                row[6] = m.kv.num_blocks * 16
+                row[_Q_TOK], row[_Q_REQ], row[_B], row[_S], row[_KV_USED] = engine_load(m)
+                row[_KV_CAP] = m.kv.num_blocks * 16
                 if hits is not None and e.config.enable_prefix_caching and hashes:
                     hits[e.index] = m.kv.lookup(hashes, max_blocks)[0] * 16
             else:
-                row[0] = row[1] = row[2] = row[3] = row[5] = 0.0
-            row[8] = lat[e.index]
+                row[_Q_TOK] = row[_Q_REQ] = row[_B] = row[_S] = row[_KV_USED] = 0.0
+            row[_NET] = lat[e.index]
         for e in touched:
             self._kick(e, t)
         dp.view.prefix_hits = hits
@@ -1099,7 +1107,7 @@ class Simulator:
         att.decode_route = droute
         if dp.needs_state:
             row = dp.state.values[engine]
-            att.load0 = (int(row[2]), int(row[3]), int(row[0]))  # B, S, queued tokens
+            att.load0 = (int(row[_B]), int(row[_S]), int(row[_Q_TOK]))
         else:
             att.load0 = None
         req.attempts += 1

@@ -9,26 +9,22 @@ Two encodings of one schema (``docs/signals.md``):
   ``weights`` as a list of rows; ``meta`` is the decoded metadata object.
 
 :func:`decode_snapshot` tells them apart by the first byte (``{`` is JSON), checks
-the version, dimensions and every value the :class:`~fastroute.tables.TableWriter`
-would check, and the xxh3 checksum (``0`` in a hand-written JSON payload skips the
-checksum check). :func:`publish_snapshot` writes a snapshot into a local table.
+the version and dimensions, validates the contents with
+:meth:`~fastroute.tables.TableSnapshot.validated` (the rules the writer publishes by),
+and checks the xxh3 checksum (``0`` in a hand-written JSON payload skips the checksum
+check). :func:`publish_snapshot` writes a snapshot into a local table.
 """
 
 from __future__ import annotations
 
-import math
+import time
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from fastroute.errors import TableError
-from fastroute.tables.layout import (
-    HARD_MAX_CLASSES,
-    HARD_MAX_ENGINES,
-    META_MAX_BYTES,
-    table_checksum,
-)
+from fastroute.errors import TableDimensionError, TableError, TableValueError
+from fastroute.tables.layout import HARD_MAX_CLASSES, HARD_MAX_ENGINES, table_checksum
 from fastroute.tables.snapshot import TableSnapshot
 from fastroute.tables.writer import TableWriter
 
@@ -40,7 +36,6 @@ __all__ = [
     "WireFormatError",
     "WireVersionError",
     "WireChecksumError",
-    "make_snapshot",
     "encode_snapshot",
     "decode_snapshot",
     "publish_snapshot",
@@ -106,74 +101,7 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 
 
-def _frozen(arr: np.ndarray) -> np.ndarray:
-    arr.flags.writeable = False
-    return arr
-
-
-def make_snapshot(
-    generation: int,
-    engine_ids: Any,
-    weights: Any,
-    *,
-    class_keys: Any = None,
-    engine_flags: Any = None,
-    shed_fraction: Any = None,
-    retry_ratio: float = 0.1,
-    published_at: float = 0.0,
-    meta: dict[str, Any] | None = None,
-) -> TableSnapshot:
-    """Build a validated :class:`TableSnapshot` (with its checksum) from arrays.
-
-    What a controller serves before (or without) writing a shared-memory table.
-    Arguments are those of :meth:`TableWriter.publish`, plus ``generation`` and
-    ``published_at``.
-
-    Raises
-    ------
-    WireFormatError
-        Shapes or values the writer would refuse.
-    """
-    ids = np.ascontiguousarray(engine_ids, dtype="<u8")
-    w = np.ascontiguousarray(weights, dtype="<f8")
-    if ids.ndim != 1 or w.ndim != 2 or w.shape[1] != ids.shape[0]:
-        raise WireFormatError(f"weights must have shape (n_classes, {ids.shape[0]}), got {w.shape}")
-    n_classes, n_engines = w.shape
-    keys = (
-        np.arange(n_classes, dtype="<u8")
-        if class_keys is None
-        else np.ascontiguousarray(class_keys, dtype="<u8")
-    )
-    flags = (
-        np.zeros(n_engines, dtype="u1")
-        if engine_flags is None
-        else np.ascontiguousarray(engine_flags, dtype="u1")
-    )
-    shed = (
-        np.zeros(n_classes, dtype="<f8")
-        if shed_fraction is None
-        else np.ascontiguousarray(shed_fraction, dtype="<f8")
-    )
-    meta_bytes = b"" if not meta else msgspec.msgpack.encode(meta)
-    _validate(generation, published_at, retry_ratio, ids, flags, keys, shed, w, meta_bytes)
-    checksum = table_checksum(
-        generation, published_at, retry_ratio, ids, flags, keys, shed, meta_bytes, w
-    )
-    return TableSnapshot(
-        generation=generation,
-        engine_ids=_frozen(ids),
-        engine_flags=_frozen(flags),
-        class_keys=_frozen(keys),
-        weights=_frozen(w),
-        shed_fraction=_frozen(shed),
-        retry_ratio=float(retry_ratio),
-        published_at=float(published_at),
-        meta_bytes=meta_bytes,
-        checksum=checksum,
-    )
-
-
-def _validate(
+def _validated(
     generation: int,
     published_at: float,
     retry_ratio: float,
@@ -183,36 +111,22 @@ def _validate(
     shed: np.ndarray,
     weights: np.ndarray,
     meta_bytes: bytes,
-) -> None:
-    n_classes, n_engines = weights.shape
-    if not 0 <= generation < 2**63:
-        raise WireFormatError(f"generation must be in [0, 2**63), got {generation}")
-    if not math.isfinite(published_at):
-        raise WireFormatError(f"published_at must be finite, got {published_at}")
-    if n_engines > HARD_MAX_ENGINES or n_classes > HARD_MAX_CLASSES:
-        raise WireFormatError(
-            f"table is {n_classes} x {n_engines}; at most {HARD_MAX_CLASSES} x {HARD_MAX_ENGINES}"
+) -> TableSnapshot:
+    """The decoded fields as a :meth:`TableSnapshot.validated` snapshot, or WireFormatError."""
+    try:
+        return TableSnapshot.validated(
+            generation,
+            ids,
+            weights,
+            class_keys=keys,
+            engine_flags=flags,
+            shed_fraction=shed,
+            retry_ratio=retry_ratio,
+            published_at=published_at,
+            meta=meta_bytes,
         )
-    for name, arr, n in (
-        ("engine_ids", ids, n_engines),
-        ("engine_flags", flags, n_engines),
-        ("class_keys", keys, n_classes),
-        ("shed_fraction", shed, n_classes),
-    ):
-        if arr.shape != (n,):
-            raise WireFormatError(f"{name} must have shape ({n},), got {arr.shape}")
-    if len(np.unique(ids)) != n_engines:
-        raise WireFormatError("engine_ids must be unique")
-    if len(np.unique(keys)) != n_classes:
-        raise WireFormatError("class_keys must be unique")
-    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
-        raise WireFormatError("weights must be finite and non-negative")
-    if not np.all((shed >= 0) & (shed <= 1)):
-        raise WireFormatError("shed_fraction must be in [0, 1]")
-    if not (math.isfinite(retry_ratio) and 0.0 <= retry_ratio <= 1.0):
-        raise WireFormatError(f"retry_ratio must be in [0, 1], got {retry_ratio}")
-    if len(meta_bytes) > META_MAX_BYTES:
-        raise WireFormatError(f"meta is {len(meta_bytes)} bytes; at most {META_MAX_BYTES}")
+    except (TableDimensionError, TableValueError) as exc:
+        raise WireFormatError(str(exc)) from None
 
 
 def encode_snapshot(snap: TableSnapshot, fmt: str = "msgpack") -> bytes:
@@ -368,33 +282,12 @@ def decode_snapshot(data: bytes) -> TableSnapshot:
         if isinstance(exc, WireError):
             raise
         raise WireFormatError(f"malformed snapshot: {exc}") from None
-    _validate(generation, published_at, ratio, ids, flags, keys, shed, w, meta_bytes)
-    if meta_bytes:
-        try:
-            meta = msgspec.msgpack.decode(meta_bytes)
-        except msgspec.DecodeError as exc:
-            raise WireFormatError(f"meta is not msgpack: {exc}") from None
-        if not isinstance(meta, dict):
-            raise WireFormatError(f"meta must be a map, got {type(meta).__name__}")
-    expected = table_checksum(
-        generation, published_at, ratio, ids, flags, keys, shed, meta_bytes, w
-    )
-    if verify and checksum != expected:
+    snap = _validated(generation, published_at, ratio, ids, flags, keys, shed, w, meta_bytes)
+    if verify and checksum != snap.checksum:
         raise WireChecksumError(
-            f"checksum {checksum:#018x} does not match the contents ({expected:#018x})"
+            f"checksum {checksum:#018x} does not match the contents ({snap.checksum:#018x})"
         )
-    return TableSnapshot(
-        generation=generation,
-        engine_ids=_frozen(ids),
-        engine_flags=_frozen(flags),
-        class_keys=_frozen(keys),
-        weights=_frozen(w),
-        shed_fraction=_frozen(shed),
-        retry_ratio=float(ratio),
-        published_at=float(published_at),
-        meta_bytes=meta_bytes,
-        checksum=expected,
-    )
+    return snap
 
 
 def publish_snapshot(writer: TableWriter, snap: TableSnapshot) -> int:
@@ -408,15 +301,5 @@ def publish_snapshot(writer: TableWriter, snap: TableSnapshot) -> int:
     ------
     fastroute.errors.TableDimensionError
         The snapshot is larger than the writer's segment.
-    fastroute.errors.TableValueError
-        A value the writer refuses.
     """
-    return writer.publish(
-        snap.engine_ids,
-        snap.weights,
-        class_keys=snap.class_keys,
-        engine_flags=snap.engine_flags,
-        shed_fraction=snap.shed_fraction,
-        retry_ratio=snap.retry_ratio,
-        meta=snap.meta if snap.meta_bytes else None,
-    )
+    return writer.write(snap.restamped(writer.generation + 1, time.time()))

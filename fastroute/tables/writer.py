@@ -1,18 +1,16 @@
 """The single writer of a shared-memory weight table (the controller, or a puller).
 
-All validation happens here, before publication (Envoy's "build tables off the
-hot path"): readers only check the header and the generation.
+Tables are validated before publication (Envoy's "build tables off the hot path"),
+by :meth:`TableSnapshot.validated`; readers only check the header and the generation.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from fastroute._core import AtomicBuffer
@@ -23,26 +21,15 @@ from fastroute.tables.layout import (
     HEADER,
     HEADER_SIZE,
     LAYOUT_VERSION,
-    META_MAX_BYTES,
     RETIRED_BIT,
     TABLE_MAGIC,
     BufferViews,
     TableLayout,
-    table_checksum,
 )
 from fastroute.tables.segment import WriterLock, close_mapping, map_segment, segment_path
+from fastroute.tables.snapshot import TableSnapshot
 
-__all__ = ["TableWriter", "DEFAULT_RETRY_RATIO"]
-
-#: Retry budget ratio published when the caller gives none (algorithms.md §3).
-DEFAULT_RETRY_RATIO = 0.1
-
-
-def _as_array(value: Any, dtype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
-    arr = np.ascontiguousarray(value, dtype=dtype)
-    if arr.shape != shape:
-        raise TableDimensionError(f"{name} must have shape {shape}, got {arr.shape}")
-    return arr
+__all__ = ["TableWriter"]
 
 
 class TableWriter:
@@ -181,24 +168,10 @@ class TableWriter:
         retry_ratio: float | None = None,
         meta: dict[str, Any] | None = None,
     ) -> int:
-        """Validate and publish a table; return its generation.
+        """Validate a table, stamp it with the next generation and the time, publish it.
 
-        Parameters
-        ----------
-        engine_ids : array_like of uint64, shape (n_engines,)
-            Stable engine ids, unique.
-        weights : array_like of float64, shape (n_classes, n_engines)
-            Finite, non-negative; zero means "never".
-        class_keys : array_like of uint64, shape (n_classes,), optional
-            Key of each class row (unique); default ``0 .. n_classes - 1``.
-        engine_flags : array_like of uint8, shape (n_engines,), optional
-            ``FLAG_UNAVAILABLE`` / ``FLAG_DRAINING`` bits; default 0.
-        shed_fraction : array_like of float64, shape (n_classes,), optional
-            Fraction of each class to shed, in [0, 1]; default 0.
-        retry_ratio : float, optional
-            Retry budget ratio in [0, 1]; default ``DEFAULT_RETRY_RATIO``.
-        meta : dict, optional
-            Free-form metadata (msgpack-encodable, at most ``META_MAX_BYTES``).
+        Arguments are those of :meth:`TableSnapshot.validated` (without ``generation``
+        and ``published_at``). Returns the generation.
 
         Raises
         ------
@@ -207,70 +180,71 @@ class TableWriter:
         fastroute.errors.TableValueError
             A value is out of its domain.
         """
-        ids = np.ascontiguousarray(engine_ids, dtype="<u8")
-        if ids.ndim != 1:
-            raise TableDimensionError(f"engine_ids must be 1-D, got shape {ids.shape}")
-        n_engines = ids.shape[0]
-        w = np.ascontiguousarray(weights, dtype="<f8")
-        if w.ndim != 2 or w.shape[1] != n_engines:
-            raise TableDimensionError(
-                f"weights must have shape (n_classes, {n_engines}), got {w.shape}"
-            )
-        n_classes = w.shape[0]
+        snap = TableSnapshot.validated(
+            self._generation + 1,
+            engine_ids,
+            weights,
+            class_keys=class_keys,
+            engine_flags=engine_flags,
+            shed_fraction=shed_fraction,
+            retry_ratio=retry_ratio,
+            published_at=time.time(),
+            meta=meta,
+        )
+        return self.write(snap)
+
+    def write(self, snap: TableSnapshot) -> int:
+        """Publish a validated snapshot as it is (its generation, time and checksum).
+
+        Parameters
+        ----------
+        snap : TableSnapshot
+            From :meth:`TableSnapshot.validated`; its generation must be the next one,
+            ``self.generation + 1`` (the double buffer alternates by generation parity).
+
+        Returns
+        -------
+        int
+            The generation published.
+
+        Raises
+        ------
+        fastroute.errors.TableDimensionError
+            The table exceeds the segment's maxima.
+        fastroute.errors.TableValueError
+            The snapshot's generation is not the next one.
+        """
+        n_engines, n_classes = snap.n_engines, snap.n_classes
         if n_engines > self.layout.max_engines or n_classes > self.layout.max_classes:
             raise TableDimensionError(
                 f"table is {n_classes} classes x {n_engines} engines; segment {self.name!r} "
                 f"holds at most {self.layout.max_classes} x {self.layout.max_engines}"
             )
-        if len(np.unique(ids)) != n_engines:
-            raise TableValueError("engine_ids must be unique")
-        if not np.all(np.isfinite(w)) or np.any(w < 0):
-            raise TableValueError("weights must be finite and non-negative")
-        keys = (
-            np.arange(n_classes, dtype="<u8")
-            if class_keys is None
-            else _as_array(class_keys, "<u8", (n_classes,), "class_keys")
-        )
-        if len(np.unique(keys)) != n_classes:
-            raise TableValueError("class_keys must be unique")
-        flags = (
-            np.zeros(n_engines, dtype="u1")
-            if engine_flags is None
-            else _as_array(engine_flags, "u1", (n_engines,), "engine_flags")
-        )
-        shed = (
-            np.zeros(n_classes, dtype="<f8")
-            if shed_fraction is None
-            else _as_array(shed_fraction, "<f8", (n_classes,), "shed_fraction")
-        )
-        if not np.all((shed >= 0) & (shed <= 1)):
-            raise TableValueError("shed_fraction must be in [0, 1]")
-        ratio = DEFAULT_RETRY_RATIO if retry_ratio is None else float(retry_ratio)
-        if not (math.isfinite(ratio) and 0.0 <= ratio <= 1.0):
-            raise TableValueError(f"retry_ratio must be in [0, 1], got {retry_ratio}")
-        meta_bytes = b"" if meta is None else msgspec.msgpack.encode(meta)
-        if len(meta_bytes) > META_MAX_BYTES:
-            raise TableValueError(
-                f"meta encodes to {len(meta_bytes)} bytes; at most {META_MAX_BYTES}"
-            )
-
         generation = self._generation + 1
+        if snap.generation != generation:
+            raise TableValueError(
+                f"segment {self.name!r} publishes generation {generation} next, "
+                f"not {snap.generation}"
+            )
+        meta_bytes = snap.meta_bytes
         index = generation & 1
         base = self.layout.buffer_offset(index)
         views = self._views[index]
-        views.engine_ids[:n_engines] = ids
-        views.engine_flags[:n_engines] = flags
-        views.class_keys[:n_classes] = keys
-        views.shed_fraction[:n_classes] = shed
+        views.engine_ids[:n_engines] = snap.engine_ids
+        views.engine_flags[:n_engines] = snap.engine_flags
+        views.class_keys[:n_classes] = snap.class_keys
+        views.shed_fraction[:n_classes] = snap.shed_fraction
         views.meta[: len(meta_bytes)] = np.frombuffer(meta_bytes, dtype="u1")
-        flat = w.reshape(-1)
+        flat = snap.weights.reshape(-1)
         views.weights[: flat.shape[0]] = flat
-        published_at = time.time()
-        checksum = table_checksum(
-            generation, published_at, ratio, ids, flags, keys, shed, meta_bytes, flat
-        )
         header = BUFFER_HEADER.pack(
-            generation, n_engines, n_classes, published_at, ratio, checksum, len(meta_bytes)
+            generation,
+            n_engines,
+            n_classes,
+            snap.published_at,
+            snap.retry_ratio,
+            snap.checksum,
+            len(meta_bytes),
         )
         self._mm[base : base + BUFFER_HEADER.size] = header
         # The release store publishes everything written above (seqlock writer side).

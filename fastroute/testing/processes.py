@@ -12,14 +12,13 @@ import contextlib
 import http.client
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from fastroute.bench.process import free_port
+from fastroute.fleetbench.process import free_port, kill_group
 
 __all__ = [
     "START_TIMEOUT_S",
@@ -93,10 +92,7 @@ def start_engines(
 def kill_groups(procs: Iterable[subprocess.Popen[bytes]]) -> None:
     """SIGKILL each process's group (its session), reap it and close its pipes."""
     for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+        kill_group(proc, timeout_s=10.0)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 with contextlib.suppress(OSError):  # unflushed stdin of a dead process

@@ -6,7 +6,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from fastroute.tables import FLAG_DRAINING, TableReader, TableWriter
+from fastroute.errors import TableDimensionError, TableValueError
+from fastroute.tables import FLAG_DRAINING, TableReader, TableSnapshot, TableWriter
 from fastroute.tables.wire import (
     WIRE_VERSION,
     WireChecksumError,
@@ -14,14 +15,13 @@ from fastroute.tables.wire import (
     WireVersionError,
     decode_snapshot,
     encode_snapshot,
-    make_snapshot,
     publish_snapshot,
 )
 
 
 def _snap(rand: object, n_classes: int = 3, n_engines: int = 5, generation: int = 42):
     rng = rand.np  # type: ignore[attr-defined]
-    return make_snapshot(
+    return TableSnapshot.validated(
         generation,
         rng.choice(2**62, n_engines, replace=False).astype(np.uint64) + np.uint64(2**63),
         rng.random((n_classes, n_engines)),
@@ -55,7 +55,7 @@ def test_round_trip(rand: object, fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["msgpack", "json"])
 def test_empty_table_round_trips(fmt: str) -> None:
     """A table with no classes and no engines survives the wire."""
-    s = make_snapshot(1, np.zeros(0, np.uint64), np.zeros((0, 0)))
+    s = TableSnapshot.validated(1, np.zeros(0, np.uint64), np.zeros((0, 0)))
     _same(s, decode_snapshot(encode_snapshot(s, fmt)))
 
 
@@ -120,14 +120,31 @@ def test_hand_written_json_without_checksum_is_accepted() -> None:
     assert d.verify() and d.weights.tolist() == [[1.0, 3.0]] and d.meta == {}
 
 
-def test_make_snapshot_validates() -> None:
-    """make_snapshot refuses what the writer would refuse."""
-    with pytest.raises(WireFormatError):
-        make_snapshot(1, [1, 1], np.ones((1, 2)))
-    with pytest.raises(WireFormatError):
-        make_snapshot(1, [1, 2], np.ones((1, 3)))
-    with pytest.raises(WireFormatError):
-        make_snapshot(1, [1, 2], np.ones((1, 2)), shed_fraction=[1.5])
+def test_validated_snapshot_refuses_what_the_writer_refuses() -> None:
+    """TableSnapshot.validated (what the writer publishes) refuses bad tables."""
+    with pytest.raises(TableValueError):
+        TableSnapshot.validated(1, [1, 1], np.ones((1, 2)))
+    with pytest.raises(TableDimensionError):
+        TableSnapshot.validated(1, [1, 2], np.ones((1, 3)))
+    with pytest.raises(TableValueError):
+        TableSnapshot.validated(1, [1, 2], np.ones((1, 2)), shed_fraction=[1.5])
+
+
+def test_writer_publishes_the_validated_snapshot_as_it_is(rand: object, shm_name: str) -> None:
+    """write() stores the snapshot's own generation, time and checksum; only the next one."""
+    with TableWriter(shm_name, max_engines=16, max_classes=8) as writer:
+        s = _snap(rand, generation=1)
+        assert writer.write(s) == 1
+        reader = TableReader(shm_name, verify=True)
+        try:
+            local = reader.snapshot()
+        finally:
+            reader.close()
+        _same(s, local)
+        assert local.checksum == s.checksum
+        with pytest.raises(TableValueError, match="generation 2"):
+            writer.write(_snap(rand, generation=5))
+        assert writer.generation == 1
 
 
 def test_publish_snapshot_writes_the_local_table(rand: object, shm_name: str) -> None:

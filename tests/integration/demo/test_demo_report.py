@@ -6,9 +6,9 @@ import ast
 import re
 import subprocess
 
-from fastroute.bench.fleet import PlannedEngine
-from fastroute.bench.scrape import EngineCounters, ProxyCounters
 from fastroute.demo.report import keep_text, plan_text, summary_table
+from fastroute.fleetbench.fleet import PlannedEngine
+from fastroute.fleetbench.scrape import EngineCounters, ProxyCounters
 from fastroute.loadgen import RequestRecord, summarize
 
 

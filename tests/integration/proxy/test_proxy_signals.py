@@ -28,7 +28,7 @@ from fastroute.proxy.puller import WeightsPuller
 from fastroute.proxy.reporter import Reporter
 from fastroute.signals.reports import DemandAggregator, Report, decode_report
 from fastroute.tables import TableReader, TableSnapshot, TableWriter
-from fastroute.tables.wire import encode_snapshot, make_snapshot
+from fastroute.tables.wire import encode_snapshot
 from fastroute.testing.servers import serve_proxy_app
 
 pytestmark = pytest.mark.integration
@@ -104,7 +104,9 @@ class StubController:
 
 def _snap(generation: int, weights: list[list[float]], ids: list[int] | None = None, **kw: Any):
     ids = ids if ids is not None else [engine_id(f"engine-{i}") for i in range(len(weights[0]))]
-    return make_snapshot(generation, ids, np.array(weights), published_at=time.time(), **kw)
+    return TableSnapshot.validated(
+        generation, ids, np.array(weights), published_at=time.time(), **kw
+    )
 
 
 def _local(name: str) -> TableSnapshot | None:

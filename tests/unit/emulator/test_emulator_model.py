@@ -95,6 +95,30 @@ def test_ttft_grows_with_queue_depth():
     assert ttfts[-1] > 5 * ttfts[0]
 
 
+def test_replay_schedules_follow_ups_and_reports_refusals():
+    """on_finished's arrivals join the replay (a closed-loop next turn); a request the full
+    queue refuses goes to on_refused, and every arrival is returned in arrival order."""
+    m = EngineModel(A40, EngineConfig(max_num_seqs=1, max_waiting=1))
+    refused: list[str] = []
+
+    def next_turn(req: Request) -> list[tuple[float, Request]]:
+        if req.request_id == "a":
+            assert req.finish_s is not None
+            return [(req.finish_s + 0.5, _req("a2", 100, 2))]
+        return []
+
+    arrivals = [(0.0, _req(rid, 100, 2)) for rid in ("a", "b", "c")]
+    out = replay(
+        m, arrivals, on_finished=next_turn, on_refused=lambda r: refused.append(r.request_id)
+    )
+    assert [r.request_id for r in out] == ["a", "b", "c", "a2"]
+    assert refused == ["b", "c"]  # all arrive before a step: "a" fills the one-place queue
+    a, a2 = out[0], out[3]
+    assert a2.arrival_s == pytest.approx(a.finish_s + 0.5) and a2.finish_s is not None
+    with pytest.raises(QueueFullError):
+        replay(EngineModel(A40, EngineConfig(max_num_seqs=1, max_waiting=1)), arrivals)
+
+
 def test_ttft_grows_with_prompt_length():
     """Longer prompts take longer to prefill (n and n² terms)."""
     ttfts = []

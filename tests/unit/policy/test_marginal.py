@@ -10,12 +10,15 @@ from fastroute.hardware import get_profile
 from fastroute.hashing import engine_id
 from fastroute.policy import PolicyConfigError, RouteRequest, StaticFleetView, make_policy
 from fastroute.policy.marginal import (
+    COLUMNS,
     REASON_SLO_INFEASIBLE,
+    EngineState,
     EngineStateView,
     MarginalCost,
     MarginalDecision,
     MarginalPairs,
     MarginalRequest,
+    StateColumn,
     StaticEngineStateView,
 )
 
@@ -313,3 +316,17 @@ def test_prefill_interleaved_with_decodes_costs_tpot_and_is_an_externality(rand)
     b2 = policy.calibration.model("a40").rls.coef[3]
     overlap = 8 * min(100.0, policy.output_lengths.mean())  # B · min(N̂, E[N])
     assert long.ext - short.ext == pytest.approx(8 * m1 * 1000 + b2 * 1000 * overlap, rel=1e-6)
+
+
+def test_state_columns_are_one_enum() -> None:
+    """COLUMNS are the StateColumn members in order; a column reads the same by name or member."""
+    assert COLUMNS == tuple(c.name.lower() for c in sorted(StateColumn))
+    assert [int(c) for c in StateColumn] == list(range(len(COLUMNS)))
+    st = EngineState(3)
+    assert st.values.shape == (3, len(StateColumn))
+    for c in StateColumn:
+        st.column(c)[:] = int(c) + 1
+        assert np.array_equal(st.column(c.name.lower()), st.values[:, c])
+    assert st.values[0].tolist() == [float(c) + 1 for c in StateColumn]
+    with pytest.raises(KeyError, match="unknown column"):
+        st.column("no_such_column")

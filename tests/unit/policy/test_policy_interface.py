@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from fastroute.config import POLICY_NAMES, PolicyConfig
 from fastroute.errors import FastrouteError
 from fastroute.hashing import key_hash
 from fastroute.policy import (
@@ -21,6 +22,7 @@ from fastroute.policy import (
     make_policy,
     policy_params,
 )
+from fastroute.policy.registry import check_names
 from fastroute.tables import FLAG_DRAINING, FLAG_UNAVAILABLE, TableSnapshot
 
 ALL = sorted(POLICIES)
@@ -184,12 +186,10 @@ def test_invalid_tunables_are_rejected(name, params):
 
 
 def test_registry_names_match_classes_and_default_is_weighted_hrw():
-    """POLICIES maps each class's own name to it; the default is weighted-hrw."""
-    assert DEFAULT_POLICY == "weighted-hrw"
-    assert ALL == sorted(
-        ["weighted-hrw", "round-robin", "least-request", "power-of-two", "consistent-hash",
-         "cache-aware", "marginal-cost", "length-heuristic"]
-    )  # fmt: skip
+    """POLICIES maps each class's own name to it, for exactly the configuration's names; the
+    default is weighted-hrw, the configuration's default."""
+    assert DEFAULT_POLICY == "weighted-hrw" == PolicyConfig().default
+    assert ALL == sorted(POLICY_NAMES)
     for name, cls in POLICIES.items():
         assert cls.name == name and issubclass(cls, Policy)
         assert isinstance(make_policy(name), cls)
@@ -241,3 +241,13 @@ def test_decision_encodes_for_the_decision_record(make_view):
     view.loads[:] = [2, 0, 1, 3, 0]
     d = make_policy("least-request").choose(RouteRequest(key_hash=9, row=0), view)
     assert msgspec.json.decode(msgspec.json.encode(d), type=Decision) == d
+
+
+def test_registry_refuses_names_that_drifted_from_the_configuration():
+    """The import-time check fails on a name without a policy or a policy without a name."""
+    check_names(POLICIES, POLICY_NAMES)
+    with pytest.raises(RuntimeError, match="no policy for \\['new-policy'\\]"):
+        check_names(POLICIES, (*POLICY_NAMES, "new-policy"))
+    fewer = {k: v for k, v in POLICIES.items() if k != "round-robin"}
+    with pytest.raises(RuntimeError, match="no name in the configuration for \\['round-robin'\\]"):
+        check_names(POLICIES, tuple(fewer))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastroute.config import decode_config
-from fastroute.policy.marginal import COLUMNS, EngineStateView, MarginalCost, MarginalRequest
+from fastroute.policy.marginal import EngineStateView, MarginalCost, MarginalRequest, StateColumn
 from fastroute.proxy.engine_load import (
     FLUSH_TOKENS,
     MAX_SCRAPE_AGE_S,
@@ -26,7 +26,6 @@ _CONFIG = "".join(
     f'hardware = "{hw}"\ncapacity_rps = 10.0\n\n'
     for i, hw in enumerate(["h100", "h100", "a40"])
 )
-COL = {name: i for i, name in enumerate(COLUMNS)}
 ROUTE = MarginalRequest(key_hash=1, row=0, prompt_tokens=100, prefix=b"hello")
 
 
@@ -68,25 +67,25 @@ def test_an_attempt_is_queued_then_running_then_gone() -> None:
     _, _, load = _load()
     v = load.state.values
     a = load.admit(1, ROUTE, 10.0)
-    assert v[1, COL["queued_prefill_tokens"]] == 100 and v[1, COL["queued_requests"]] == 1
-    assert v[1, COL["kv_used_tokens"]] == 100 and v[0].tolist()[:4] == [0, 0, 0, 0]
+    assert v[1, StateColumn.QUEUED_PREFILL_TOKENS] == 100 and v[1, StateColumn.QUEUED_REQUESTS] == 1
+    assert v[1, StateColumn.KV_USED_TOKENS] == 100 and v[0].tolist()[:4] == [0, 0, 0, 0]
     a.first_token(10.05)
-    assert v[1, COL["queued_requests"]] == 0 and v[1, COL["running_seqs"]] == 1
-    assert v[1, COL["running_context_tokens"]] == 100
+    assert v[1, StateColumn.QUEUED_REQUESTS] == 0 and v[1, StateColumn.RUNNING_SEQS] == 1
+    assert v[1, StateColumn.RUNNING_CONTEXT_TOKENS] == 100
     a.chunk(_stream_chunk("a", role=True), 10.05)
     a.chunk(_stream_chunk("b") + _stream_chunk("c"), 10.07)
     assert a.events == 3  # the role event is not a token
-    assert v[1, COL["running_context_tokens"]] == 100  # added FLUSH_TOKENS at a time
+    assert v[1, StateColumn.RUNNING_CONTEXT_TOKENS] == 100  # added FLUSH_TOKENS at a time
     a.chunk(b"".join(_stream_chunk("t") for _ in range(FLUSH_TOKENS - 3)), 10.08)
     assert a.events == FLUSH_TOKENS
-    assert v[1, COL["running_context_tokens"]] == 100 + FLUSH_TOKENS
-    assert v[1, COL["kv_used_tokens"]] == 100 + FLUSH_TOKENS
+    assert v[1, StateColumn.RUNNING_CONTEXT_TOKENS] == 100 + FLUSH_TOKENS
+    assert v[1, StateColumn.KV_USED_TOKENS] == 100 + FLUSH_TOKENS
     a.chunk(_stream_chunk("u"), 10.09)
     a.chunk(USAGE, 10.10)
     assert a.events == FLUSH_TOKENS + 1 and a.last_s == 10.09  # usage, [DONE]: no tokens
     load.release(a, False, 10.08)
     load.release(a, False, 10.08)  # idempotent
-    assert not v[:, :4].any() and not v[:, COL["kv_used_tokens"]].any()
+    assert not v[:, :4].any() and not v[:, StateColumn.KV_USED_TOKENS].any()
     assert load.observed == 0  # a failed attempt does not calibrate
 
 
@@ -171,20 +170,20 @@ def test_fresh_scrapes_add_what_other_workers_run() -> None:
     )  # stale: ignored
     scraper.rounds_total = 1
     state = load.engine_state()
-    assert v[0, COL["running_seqs"]] == 3  # 1 own + 2 others
-    assert v[0, COL["queued_requests"]] == 2
-    assert v[0, COL["running_context_tokens"]] == 300  # others at the own mean context
-    cap = v[0, COL["kv_capacity_tokens"]]
-    assert v[0, COL["kv_used_tokens"]] == pytest.approx(0.5 * cap)
+    assert v[0, StateColumn.RUNNING_SEQS] == 3  # 1 own + 2 others
+    assert v[0, StateColumn.QUEUED_REQUESTS] == 2
+    assert v[0, StateColumn.RUNNING_CONTEXT_TOKENS] == 300  # others at the own mean context
+    cap = v[0, StateColumn.KV_CAPACITY_TOKENS]
+    assert v[0, StateColumn.KV_USED_TOKENS] == pytest.approx(0.5 * cap)
     assert v[1, :4].tolist() == [0, 0, 0, 0]
     assert state is load.state
     # The own request ends: the offset stays until the next round, then is recomputed.
     load.release(a, True, 1.2)
-    assert v[0, COL["running_seqs"]] == 2
+    assert v[0, StateColumn.RUNNING_SEQS] == 2
     scraper.results["e0"].signals = EngineSignals(num_requests_running=0, scraped_at_s=now)
     scraper.rounds_total = 2
     load.engine_state()
-    assert not v[:, :4].any() and v[0, COL["kv_used_tokens"]] == 0
+    assert not v[:, :4].any() and v[0, StateColumn.KV_USED_TOKENS] == 0
 
 
 def test_prompts_prefilled_during_a_decode_are_its_mixed_step_feature() -> None:
@@ -211,8 +210,8 @@ def test_prompts_prefilled_during_a_decode_are_its_mixed_step_feature() -> None:
     a.chunk(USAGE, 10.05)  # 32 of 120 prompt tokens were cached
     load.release(a, True, 10.06)
     assert seen == [{"prefill_tokens_per_step": pytest.approx(100 / 2)}]  # 2 decode steps
-    assert load.state.values[0, COL["prefill_tokens_per_step"]] > 0
-    assert load.state.values[1, COL["prefill_tokens_per_step"]] == 0
+    assert load.state.values[0, StateColumn.PREFILL_TOKENS_PER_STEP] > 0
+    assert load.state.values[1, StateColumn.PREFILL_TOKENS_PER_STEP] == 0
     assert load.interleave.uncached_share[0] < 1.0  # later prompts count 88/120 of theirs
     for attempt in (queued, other, elsewhere, pd):
         load.release(attempt, False, 10.07)

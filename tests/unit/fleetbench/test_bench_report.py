@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from bench_specs import write_pd_spec
 
-from fastroute.bench import cli
-from fastroute.bench.report import aggregate_report, goodput_table
-from fastroute.bench.runner import RouterResult
-from fastroute.bench.spec import load_spec
+from fastroute.fleetbench import cli
+from fastroute.fleetbench.report import aggregate_report, goodput_table
+from fastroute.fleetbench.runner import RouterResult
+from fastroute.fleetbench.spec import load_spec
 from fastroute.loadgen.records import RequestRecord
 from fastroute.loadgen.summary import summarize
 

@@ -17,8 +17,8 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fastroute.bench.runner import RouterResult
-    from fastroute.bench.spec import BenchSpec
+    from fastroute.fleetbench.runner import RouterResult
+    from fastroute.fleetbench.spec import BenchSpec
 
 __all__ = ["add_arguments", "run"]
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``fastroute bench``; return the exit status."""
     import msgspec
 
-    from fastroute.bench.spec import BenchSpecError, load_spec
+    from fastroute.fleetbench.spec import BenchSpecError, load_spec
 
     paths = args.spec if isinstance(args.spec, list) else [args.spec]
     try:
@@ -82,8 +82,8 @@ def _run_specs(specs: list[BenchSpec], args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from fastroute.bench import report
-    from fastroute.bench.runner import run_bench
+    from fastroute.fleetbench import report
+    from fastroute.fleetbench.runner import run_bench
 
     out = Path(args.out)
     command = "fastroute bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
@@ -136,8 +136,8 @@ def _run_specs(specs: list[BenchSpec], args: argparse.Namespace) -> int:
 
 def _capacity(spec: object, attainment: float) -> int:
     """Print the estimated capacity of each profile in the spec's fleet."""
-    from fastroute.bench.capacity import engine_capacity_rps
-    from fastroute.bench.spec import BenchSpec
+    from fastroute.fleetbench.capacity import slo_capacity_rps
+    from fastroute.fleetbench.spec import BenchSpec
     from fastroute.workload import ChatWorkload
 
     assert isinstance(spec, BenchSpec)
@@ -150,7 +150,7 @@ def _capacity(spec: object, attainment: float) -> int:
         return 2
     workload = ChatWorkload.from_dict(spec.workload)
     for profile in dict.fromkeys(g.profile for g in spec.fleet.groups):
-        rps = engine_capacity_rps(
+        rps = slo_capacity_rps(
             profile, workload, ttft_slo_s=spec.slo.ttft_s, tbot_slo_s=spec.slo.tbot_s,
             attainment=attainment, seed=spec.seed,
         )  # fmt: skip

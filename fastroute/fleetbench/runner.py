@@ -1,6 +1,6 @@
 """Run a benchmark spec: for each router, a fresh fleet, the router, the same workload.
 
-Per router, in order (every process in a :class:`~fastroute.bench.process.ProcessSet`,
+Per router, in order (every process in a :class:`~fastroute.fleetbench.process.ProcessSet`,
 stopped at the end whatever happens, and the run's shared memory removed):
 
 1. start the emulated fleet (fresh, so no router inherits another's warm caches);
@@ -33,14 +33,14 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from fastroute.bench.fleet import PlannedEngine, set_fault
-from fastroute.bench.process import ManagedProcess, ProcessDiedError, ProcessSet, free_port
-from fastroute.bench.procstat import RssSampler, session_cpu_s
-from fastroute.bench.routers import RouterPlan, expand_command, resolve_router
-from fastroute.bench.scrape import EngineCounters, scrape_engines
-from fastroute.bench.spec import BenchSpec
-from fastroute.bench.stack import READY_TIMEOUT_S, FastrouteStack, remove_segments, run_prefix
-from fastroute.bench.stack import start_fleet as _start_fleet
+from fastroute.fleetbench.fleet import PlannedEngine, set_fault
+from fastroute.fleetbench.process import ManagedProcess, ProcessDiedError, ProcessSet, free_port
+from fastroute.fleetbench.procstat import RssSampler, session_cpu_s
+from fastroute.fleetbench.routers import RouterPlan, expand_command, resolve_router
+from fastroute.fleetbench.scrape import EngineCounters, scrape_engines
+from fastroute.fleetbench.spec import BenchSpec
+from fastroute.fleetbench.stack import READY_TIMEOUT_S, FastrouteStack, remove_segments, run_prefix
+from fastroute.fleetbench.stack import start_fleet as _start_fleet
 from fastroute.loadgen import DriveOptions, LoadDriver, RunSummary, summarize
 from fastroute.loadgen.summary import LatencySummary
 
@@ -96,10 +96,10 @@ def build_workload(spec: BenchSpec) -> Any:
 def build_sessions(spec: BenchSpec) -> tuple[list[Any], list[str], str]:
     """The spec's sessions (identical for every router), their sources and a description.
 
-    From ``[replay]`` (:mod:`fastroute.bench.replay`) or ``[workload]``.
+    From ``[replay]`` (:mod:`fastroute.fleetbench.replay`) or ``[workload]``.
     """
     if spec.replay is not None:
-        from fastroute.bench.replay import (
+        from fastroute.fleetbench.replay import (
             describe_mix,
             replay_rate_rps,
             replay_sessions,
@@ -132,7 +132,7 @@ def build_sessions(spec: BenchSpec) -> tuple[list[Any], list[str], str]:
 def target_rps(spec: BenchSpec) -> float | None:
     """The offered request rate the spec asks for (None in closed loop)."""
     if spec.replay is not None:
-        from fastroute.bench.replay import replay_rate_rps
+        from fastroute.fleetbench.replay import replay_rate_rps
 
         return replay_rate_rps(spec)
     return None if spec.load is None else spec.load * spec.fleet.capacity_rps()

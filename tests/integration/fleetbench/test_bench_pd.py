@@ -12,9 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from fastroute.bench.fleet import EngineGroup, FleetSpec, RegionSpec
-from fastroute.bench.process import ProcessSet
-from fastroute.bench.stack import start_fleet
+from fastroute.fleetbench.fleet import EngineGroup, FleetSpec, RegionSpec
+from fastroute.fleetbench.process import ProcessSet
+from fastroute.fleetbench.stack import start_fleet
 from fastroute.tables.segment import shm_dir
 from fastroute.testing.processes import processes_naming
 

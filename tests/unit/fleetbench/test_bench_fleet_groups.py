@@ -7,8 +7,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from fastroute.bench import fleet
-from fastroute.bench.fleet import EngineGroup, FleetSpec, PlannedEngine, RegionSpec, plan_engines
+from fastroute.fleetbench import fleet
+from fastroute.fleetbench.fleet import (
+    EngineGroup,
+    FleetSpec,
+    PlannedEngine,
+    RegionSpec,
+    plan_engines,
+)
 from fastroute.hardware import PROFILES
 
 FACTORS = {"a0_s": 1.5, "b0_s": 1.5, "a1_s": 0.8}

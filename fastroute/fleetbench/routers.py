@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastroute.bench.spec import FastrouteVariant, RouterCommand
+from fastroute.fleetbench.spec import FastrouteVariant, RouterCommand
 
 __all__ = ["RouterPlan", "resolve_router", "expand_command", "BUILTIN_TEMPLATES"]
 

@@ -1,6 +1,6 @@
 """CPU time and memory of a process tree, read from ``/proc`` (Linux).
 
-A managed server runs in its own session (:mod:`fastroute.bench.process`), so "the
+A managed server runs in its own session (:mod:`fastroute.fleetbench.process`), so "the
 router" is every live process whose session id is the leader's pid: a supervisor
 and its workers, or a Rust binary and its threads.
 

@@ -8,8 +8,8 @@ import openai
 import pytest
 from aiohttp import web
 
-from fastroute.bench.scrape import scrape_engines, scrape_proxies
 from fastroute.emulator.server import EmulatedFleet, EngineSpec
+from fastroute.fleetbench.scrape import scrape_engines, scrape_proxies
 from fastroute.testing.processes import free_port
 from fastroute.testing.servers import serve_app
 

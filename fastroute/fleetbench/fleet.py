@@ -3,7 +3,7 @@
 :class:`FleetSpec` (TOML-decodable) declares regions, the RTT matrix and groups of
 identical engines. :func:`plan_engines` gives every engine a name, a free loopback
 port and a seed; :func:`fleet_command` is the command line of one process running all
-of them (``python -m fastroute.bench.fleet PLAN.json``: an
+of them (``python -m fastroute.fleetbench.fleet PLAN.json``: an
 :class:`~fastroute.emulator.server.EmulatedFleet` that serves until SIGTERM/SIGINT).
 One process keeps start-up short and the emulator's CPU in one place.
 """
@@ -19,8 +19,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from fastroute.bench.process import free_port
 from fastroute.emulator.profiles import true_profile
+from fastroute.fleetbench.process import free_port
 from fastroute.hardware import PROFILES
 
 __all__ = [
@@ -205,7 +205,7 @@ def write_plan(engines: Sequence[PlannedEngine], path: Path) -> Path:
 
 def fleet_command(plan_path: Path) -> list[str]:
     """The command line running the planned engines in one process."""
-    return [sys.executable, "-m", "fastroute.bench.fleet", str(plan_path)]
+    return [sys.executable, "-m", "fastroute.fleetbench.fleet", str(plan_path)]
 
 
 async def set_fault(
@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         engines = msgspec.json.decode(args.plan.read_bytes(), type=list[PlannedEngine])
     except (OSError, msgspec.DecodeError) as exc:
-        print(f"fastroute.bench.fleet: {args.plan}: {exc}", file=sys.stderr)
+        print(f"fastroute.fleetbench.fleet: {args.plan}: {exc}", file=sys.stderr)
         return 2
     import logging
 
@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         uvloop.run(serve_fleet(_specs(engines)))
     except OSError as exc:
-        print(f"fastroute.bench.fleet: {exc}", file=sys.stderr)
+        print(f"fastroute.fleetbench.fleet: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -34,7 +34,7 @@ Example (``examples/bench/`` has complete ones)::
 Routers are named ``fastroute`` or ``fastroute:<policy>``, ``sglang:<policy>``,
 ``vllm-router:<policy>``, a key of ``[fastroute_variants]`` (fastroute with a policy and
 its ``[policy.params.<policy>]``), or a key of ``[router_commands]`` (a command template,
-see :mod:`fastroute.bench.routers`)::
+see :mod:`fastroute.fleetbench.routers`)::
 
     routers = ["fastroute:round-robin", "mc-cal"]
     [fastroute_variants.mc-cal]
@@ -55,8 +55,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from fastroute.bench.fleet import FleetSpec
 from fastroute.config import ControllerConfig, PolicyName
+from fastroute.fleetbench.fleet import FleetSpec
 from fastroute.workload.mix import ReplayMix
 
 __all__ = [

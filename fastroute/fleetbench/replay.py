@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 if TYPE_CHECKING:
-    from fastroute.bench.spec import BenchSpec
+    from fastroute.fleetbench.spec import BenchSpec
     from fastroute.workload import Session
 
 __all__ = ["replay_rate_rps", "replay_sources", "replay_sessions", "describe_mix"]

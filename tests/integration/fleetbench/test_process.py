@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fastroute.bench.process import ProcessDiedError, ProcessSet, free_port, wait_http_ok
-from fastroute.bench.procstat import RssSampler, session_cpu_s, session_pids
-from fastroute.bench.stack import remove_segments
+from fastroute.fleetbench.process import ProcessDiedError, ProcessSet, free_port, wait_http_ok
+from fastroute.fleetbench.procstat import RssSampler, session_cpu_s, session_pids
+from fastroute.fleetbench.stack import remove_segments
 from fastroute.tables.segment import shm_dir
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from bench_specs import write_pd_spec
 
-from fastroute.bench.spec import BenchSpecError, load_spec
+from fastroute.fleetbench.spec import BenchSpecError, load_spec
 
 
 def test_a_replay_spec_loads_with_its_directory(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from fastroute.bench.replay import describe_mix
-from fastroute.bench.runner import RouterResult, target_rps
-from fastroute.bench.spec import BenchSpec
+from fastroute.fleetbench.replay import describe_mix
+from fastroute.fleetbench.runner import RouterResult, target_rps
+from fastroute.fleetbench.spec import BenchSpec
 
 __all__ = [
     "machine_description",

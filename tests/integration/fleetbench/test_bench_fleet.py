@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fastroute.bench.configgen import ProxySettings, render_config
-from fastroute.bench.fleet import EngineGroup, FleetSpec, RegionSpec, plan_engines
-from fastroute.bench.routers import expand_command, resolve_router
-from fastroute.bench.spec import BenchSpecError, RouterCommand, load_spec
+from fastroute.fleetbench.configgen import ProxySettings, render_config
+from fastroute.fleetbench.fleet import EngineGroup, FleetSpec, RegionSpec, plan_engines
+from fastroute.fleetbench.routers import expand_command, resolve_router
+from fastroute.fleetbench.spec import BenchSpecError, RouterCommand, load_spec
 from fastroute.tables.segment import shm_dir
 from fastroute.testing.processes import processes_naming
 

@@ -15,9 +15,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastroute.bench.configgen import ProxySettings, render_config
-from fastroute.bench.fleet import FleetSpec, PlannedEngine, fleet_command, plan_engines, write_plan
-from fastroute.bench.process import ManagedProcess, ProcessSet, free_port, wait_http_ok
+from fastroute.fleetbench.configgen import ProxySettings, render_config
+from fastroute.fleetbench.fleet import (
+    FleetSpec,
+    PlannedEngine,
+    fleet_command,
+    plan_engines,
+    write_plan,
+)
+from fastroute.fleetbench.process import ManagedProcess, ProcessSet, free_port, wait_http_ok
 
 __all__ = ["run_prefix", "remove_segments", "start_fleet", "FastrouteStack", "READY_TIMEOUT_S"]
 

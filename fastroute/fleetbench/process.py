@@ -1,8 +1,13 @@
-"""Child processes of the demo and the benchmark: started, watched, always stopped.
+"""Child processes of the demo, the benchmarks and the tests: started, watched, always stopped.
+
+The one home of process control: :class:`ManagedProcess` / :class:`ProcessSet` for the
+demo and the fleet benchmark; :func:`stop_group`, :func:`kill_group`, :func:`free_port`
+and :func:`wait_http_ok` also for the processes ``fastroute.testing`` and
+``bench/bench_proxy.py`` start themselves.
 
 Every server runs in its **own session** (``start_new_session``): its whole process
 tree (a proxy supervisor and its workers, nginx and its workers) is one process
-group, measured together (:mod:`fastroute.bench.procstat`) and stopped together —
+group, measured together (:mod:`fastroute.fleetbench.procstat`) and stopped together —
 SIGTERM to the group, SIGKILL to the group after a bound. Children also get
 ``PR_SET_PDEATHSIG = SIGTERM``, so a harness killed with SIGKILL does not leave
 them running. Start processes from the main thread: the death signal follows the
@@ -25,16 +30,20 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import aiohttp
 
-from fastroute.bench.procstat import group_alive
+from fastroute.fleetbench.procstat import group_alive
 
 __all__ = [
     "ManagedProcess",
     "ProcessSet",
     "ProcessDiedError",
+    "Watched",
     "free_port",
+    "kill_group",
+    "stop_group",
     "wait_http_ok",
     "TERM_TIMEOUT_S",
 ]
@@ -45,6 +54,15 @@ TERM_TIMEOUT_S = 10.0
 
 class ProcessDiedError(RuntimeError):
     """A managed process exited while it was expected to run."""
+
+
+class Watched(Protocol):
+    """A process :func:`wait_http_ok` watches while it waits (a :class:`ManagedProcess`)."""
+
+    name: str
+
+    def check_alive(self) -> None:
+        """Raise :class:`ProcessDiedError` if the process exited."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -140,25 +158,45 @@ class ManagedProcess:
 
     def stop(self, timeout_s: float = TERM_TIMEOUT_S) -> int | None:
         """SIGTERM the process group, SIGKILL it after ``timeout_s``; return the exit status."""
-        pgid = self.proc.pid
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=timeout_s)
-        # The leader may have exited while members of its group linger (workers): kill them.
-        if _group_alive(pgid):
-            deadline = time.monotonic() + timeout_s
-            while _group_alive(pgid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=timeout_s)
-        return self.proc.returncode
+        return stop_group(self.proc, timeout_s)
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = TERM_TIMEOUT_S) -> int | None:
+    """SIGTERM the process group of ``proc`` (a session leader), SIGKILL it after ``timeout_s``.
+
+    Returns
+    -------
+    int or None
+        The leader's exit status (None if it could not be reaped).
+    """
+    pgid = proc.pid
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout_s)
+    # The leader may have exited while members of its group linger (workers): kill them.
+    if _group_alive(pgid):
+        deadline = time.monotonic() + timeout_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout_s)
+    return proc.returncode
+
+
+def kill_group(proc: subprocess.Popen[bytes], timeout_s: float = TERM_TIMEOUT_S) -> int | None:
+    """SIGKILL the process group of ``proc`` (a session leader) at once and reap the leader."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout_s)
+    return proc.returncode
 
 
 def _group_alive(pgid: int) -> bool:
@@ -221,10 +259,11 @@ async def wait_http_ok(
     url: str,
     *,
     timeout_s: float = 30.0,
-    process: ManagedProcess | None = None,
+    process: Watched | None = None,
     interval_s: float = 0.1,
+    json_body: Any = None,
 ) -> None:
-    """Poll ``GET url`` until it answers 200.
+    """Poll ``GET url`` (``POST`` of ``json_body`` when given) until it answers 200.
 
     Raises
     ------
@@ -241,7 +280,8 @@ async def wait_http_ok(
             if process is not None:
                 process.check_alive()
             try:
-                async with http.get(url) as resp:
+                request = http.get(url) if json_body is None else http.post(url, json=json_body)
+                async with request as resp:
                     await resp.read()
                     if resp.status == 200:
                         return

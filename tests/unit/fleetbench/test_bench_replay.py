@@ -8,9 +8,9 @@ import msgspec
 import pytest
 from bench_specs import write_pd_spec
 
-from fastroute.bench.replay import replay_rate_rps, replay_sessions
-from fastroute.bench.runner import build_sessions, target_rps
-from fastroute.bench.spec import load_spec
+from fastroute.fleetbench.replay import replay_rate_rps, replay_sessions
+from fastroute.fleetbench.runner import build_sessions, target_rps
+from fastroute.fleetbench.spec import load_spec
 from fastroute.tokens import count_text_tokens, render_chat
 from fastroute.workload.mix import mixed_replay_sessions
 from fastroute.workload.session import CHAT_OVERHEAD_TOKENS

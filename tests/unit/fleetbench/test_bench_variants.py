@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from fastroute.bench.configgen import ProxySettings, render_config
-from fastroute.bench.fleet import EngineGroup, FleetSpec, RegionSpec, plan_engines
-from fastroute.bench.routers import resolve_router
-from fastroute.bench.spec import FastrouteVariant
 from fastroute.config import decode_config
+from fastroute.fleetbench.configgen import ProxySettings, render_config
+from fastroute.fleetbench.fleet import EngineGroup, FleetSpec, RegionSpec, plan_engines
+from fastroute.fleetbench.routers import resolve_router
+from fastroute.fleetbench.spec import FastrouteVariant
 
 VARIANTS = {
     "mc-uncal": FastrouteVariant(
