@@ -11,7 +11,8 @@ import numpy as np
 from fastroute.config import decode_config
 from fastroute.proxy.decisions import DecisionLog, DecisionRecord
 from fastroute.proxy.fleet import Fleet
-from fastroute.proxy.handler import _header_lines, new_request_id
+from fastroute.proxy.handler import new_request_id
+from fastroute.proxy.headers import header_lines
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.outlier import Outcome
 
@@ -120,7 +121,7 @@ def test_filter_headers_cache_gives_same_answer() -> None:
     items = [(b"Host", b"x"), (b"X-Fastroute-Zone", b"us"), (b"X-Request-Id", b"a"), (b"A", b"1")]
     verdicts: dict[bytes, bool] = {}
     for _ in range(2):
-        assert _header_lines(items, drop, verdicts) == [b"A: 1\r\n"]
+        assert header_lines(items, drop, verdicts) == [b"A: 1\r\n"]
     assert verdicts == {b"Host": False, b"X-Fastroute-Zone": False, b"X-Request-Id": False,
                         b"A": True}  # fmt: skip
 
