@@ -60,7 +60,7 @@ from fastroute.config import Config, ConfigError, load_config
 from fastroute.policy import PolicyConfigError
 from fastroute.proxy.admission import AdmissionQueue, QueueDelayGuard
 from fastroute.proxy.decisions import DecisionLog
-from fastroute.proxy.fleet import Fleet, FleetState, TableWatcher
+from fastroute.proxy.fleet import Fleet, FleetState
 from fastroute.proxy.handler import (
     Incoming,
     InferenceHandler,
@@ -76,6 +76,7 @@ from fastroute.proxy.pd import PDPools
 from fastroute.proxy.reply import Headers, Reply, Sink, raw_head_pairs
 from fastroute.proxy.retry_budget import RetryBudget
 from fastroute.proxy.signal_tasks import install_signal_tasks
+from fastroute.proxy.table_watch import TableWatcher
 from fastroute.proxy.upstream import UpstreamPool
 from fastroute.tables.stats import StatsBlock
 

@@ -4,7 +4,7 @@
 order: body limit (413) → minimal parse (400) → classify (tenant by API key, residency
 zones, priority, model → class row; unknown model 404) → sticky shed (429) →
 admission guard (429) → routing key → pick (the class's policy over a per-request
-:class:`~fastroute.proxy.fleet.RequestView`, top-k ranking) → forward the original
+:class:`~fastroute.proxy.fleet_views.RequestView`, top-k ranking) → forward the original
 body bytes → relay the response (SSE chunk by chunk) → record.
 
 Failures: an attempt that fails before any byte reached the client (connect error,
@@ -364,7 +364,8 @@ class InferenceHandler:
         strategy = state.strategy
         assert strategy is not None and state.parsed is not None
         fleet = state.fleet = strategy.fleet
-        mask = fleet.request_mask(state.zones, state.hardware)
+        eligibility = fleet.eligibility
+        mask = eligibility.request_mask(state.zones, state.hardware)
         view = strategy.view(mask)
         fleet_state = view.state
         prompt_tokens = estimate_prompt_tokens(state.parsed) if state.kind != "embeddings" else 0
@@ -373,7 +374,7 @@ class InferenceHandler:
         if ctx.aggregator is not None:
             ctx.aggregator.observe_request(int(fleet.row_keys[state.row]), route.prompt_tokens)
         decision = strategy.decide(state, view)
-        capped = not decision.ranked and fleet.capped_out(state.row, fleet_state, mask)
+        capped = not decision.ranked and eligibility.capped_out(state.row, fleet_state, mask)
         if capped:
             # Candidates exist but are at their max_concurrency cap: wait for one to
             # free up (bounded; this request holds an admission slot), then pick again.
@@ -382,7 +383,9 @@ class InferenceHandler:
                 view = strategy.view(mask)
                 fleet_state = view.state
                 decision = strategy.choose(state, view)
-                capped = not decision.ranked and fleet.capped_out(state.row, fleet_state, mask)
+                capped = not decision.ranked and eligibility.capped_out(
+                    state.row, fleet_state, mask
+                )
         record = state.record
         record.policy, record.reason = decision.policy, decision.reason
         record.defer(choice_renderer(fleet, state.row, mask, fleet_state, decision))

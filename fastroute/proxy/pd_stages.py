@@ -121,8 +121,8 @@ class PDStages:
         record = state.record
         key = (state.model, state.priority)
         p_row, d_row = p.fleet.rows[key], d.fleet.rows[key]
-        p_mask = p.fleet.request_mask(state.zones, state.hardware)
-        d_mask = d.fleet.request_mask(state.zones, state.hardware)
+        p_mask = p.fleet.eligibility.request_mask(state.zones, state.hardware)
+        d_mask = d.fleet.eligibility.request_mask(state.zones, state.hardware)
         p_view, d_view = p.view(p_mask), d.view(d_mask)
         needs_prefix = p.policy.needs_prefix or d.policy.needs_prefix
         prefix = route_prefix(state.parsed) if needs_prefix else b""

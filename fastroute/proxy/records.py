@@ -32,8 +32,8 @@ def choice_renderer(
     Captures what may change later (the state, the ejection reasons) at decision time;
     names, weights and explanations are rendered only if the record is read.
     """
-    reasons = fleet.ejection_reasons()
-    at_cap = fleet.cap_reasons()
+    reasons = fleet.eligibility.ejection_reasons()
+    at_cap = fleet.eligibility.cap_reasons()
 
     def render() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         scores = decision.scores
@@ -46,7 +46,7 @@ def choice_renderer(
             }
             for r, i in enumerate(decision.ranked)
         ]
-        return candidates, fleet.explain(row, mask, state, reasons, at_cap)
+        return candidates, fleet.eligibility.explain(row, mask, state, reasons, at_cap)
 
     return render
 

@@ -85,8 +85,8 @@ def test_eligible_cache_follows_ejections_and_states() -> None:
     """Eligible cache follows ejections and states."""
     fleet, clock = _fleet()
     row = fleet.rows[("m", "default")]
-    us = fleet.request_mask(frozenset({"us"}), None)
-    every = fleet.request_mask(frozenset({"us", "eu"}), None)
+    us = fleet.eligibility.request_mask(frozenset({"us"}), None)
+    every = fleet.eligibility.request_mask(frozenset({"us", "eu"}), None)
     for mask in (us, every):
         assert fleet.view(mask).eligible(row).tolist() == _uncached(fleet, row, mask).tolist()
     assert fleet.view(us).eligible(row).tolist() == [1, 1, 0]
@@ -107,12 +107,12 @@ def test_eligible_cache_follows_ejections_and_states() -> None:
 def test_ejection_reasons_cached_per_version() -> None:
     """Ejection reasons cached per version."""
     fleet, clock = _fleet()
-    assert fleet.ejection_reasons() == {}
+    assert fleet.eligibility.ejection_reasons() == {}
     fleet.outlier.record(2, Outcome.TIMEOUT, clock.now)
-    reasons = fleet.ejection_reasons()
+    reasons = fleet.eligibility.ejection_reasons()
     assert list(reasons) == [2] and reasons == fleet.outlier.reasons(clock.now)
     clock.now += 3600.0
-    assert fleet.ejection_reasons() == {}
+    assert fleet.eligibility.ejection_reasons() == {}
 
 
 def test_filter_headers_cache_gives_same_answer() -> None:
