@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from fastroute.config import PRIORITIES, Config, TenantConfig, hash_api_key
+from fastroute.config import PRIORITIES, ClassConfig, Config, TenantConfig, hash_api_key
 from fastroute.proxy.openai_errors import error_reply
 from fastroute.proxy.reply import Reply
 from fastroute.proxy.request_state import RequestState
@@ -177,8 +177,9 @@ class Classifier:
             raise Reject(error_reply(401, "Invalid or missing API key.", code="invalid_api_key"))
         return tenant
 
-    def classify(self, state: RequestState) -> None:
-        """Fill the classification of ``state`` (tenant, zones, priority, class, row)."""
+    def classify(self, state: RequestState) -> ClassConfig:
+        """Fill the classification of ``state`` (tenant, zones, priority, class, row);
+        returns the class."""
         proxy = self.config.proxy
         headers = state.request.headers
         tenant = self.tenant(headers)
@@ -223,8 +224,9 @@ class Classifier:
         state.tenant = tenant.name if tenant else ""
         state.zones = zones
         state.hardware = tenant.hardware if tenant else None
-        state.cls = self.config.class_for(model, priority)
+        cls = state.cls = self.config.class_for(model, priority)
         state.row = self._rows[(model, priority)]
+        return cls
 
     def slos(self, state: RequestState) -> None:
         """Fill the request's SLOs from its headers or the class defaults (400 if bad)."""

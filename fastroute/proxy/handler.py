@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from fastroute.config import Config
+from fastroute.config import ClassConfig, Config
 from fastroute.policy import Policy, make_policy
 from fastroute.proxy.admission import AdmissionQueue, AdmissionRejected, should_shed
 from fastroute.proxy.classify import PREFIX_BYTES, Classifier, Reject, route_prefix
@@ -259,7 +259,7 @@ class InferenceHandler:
         response: Reply | None = None
         try:
             try:
-                self._classify(state)
+                cls = self._classify(state)
             except Reject as rej:
                 # Never routed, but recorded: the client has the request id to ask why.
                 record.error = rej.reason
@@ -267,7 +267,7 @@ class InferenceHandler:
                 response = rej.response
                 return response
             record.model, record.priority, record.tenant = state.model, state.priority, state.tenant
-            record.class_name, record.row = state.cls.name, state.row  # type: ignore[union-attr]
+            record.class_name, record.row = cls.name, state.row
             record.zones = self._classifier.zone_list(state.zones)
             ctx.decisions.add(record)
             response = await self._route(state)
@@ -284,17 +284,18 @@ class InferenceHandler:
             if response is not None and status < 400:
                 metrics.e2e_of(record.class_name, engine).observe(loop.time() - t0)
 
-    def _classify(self, state: RequestState) -> None:
+    def _classify(self, state: RequestState) -> ClassConfig:
         """Parse and classify; pick the class's strategy (raises ``Reject``)."""
         classifier = self._classifier
         if state.body is None:
             raise classifier.too_large()
         parsed = state.parsed = classifier.parse(state.kind, state.body)
         state.record.model = parsed.model or ""
-        classifier.classify(state)
-        strategy = state.strategy = self._strategies[self.config.policy_for(state.cls)]  # type: ignore[arg-type]
+        cls = classifier.classify(state)
+        strategy = state.strategy = self._strategies[self.config.policy_for(cls)]
         if strategy.reads_slos:
             classifier.slos(state)
+        return cls
 
     async def _route(self, state: RequestState) -> Reply:
         """Sticky shed and admission, then pick and forward."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
+import numpy as np
 
 from fastroute.policy import Decision, Policy, RouteRequest
 from fastroute.policy.marginal import REASON_SLO_INFEASIBLE, MarginalCost, MarginalRequest
@@ -66,7 +67,7 @@ class RoutingStrategy(Protocol):
     policy: Policy
     reads_slos: bool
 
-    def view(self, mask: object) -> RequestView:
+    def view(self, mask: np.ndarray) -> RequestView:
         """The view of the fleet one request decides over."""
 
     def route(
@@ -106,19 +107,20 @@ class PlainStrategy:
         self.policy = policy
         self.top_k = top_k
 
-    def view(self, mask: object) -> RequestView:
-        return self.fleet.view(mask)  # type: ignore[arg-type]
+    def view(self, mask: np.ndarray) -> RequestView:
+        return self.fleet.view(mask)
 
     def route(
         self, state: RequestState, row: int, prompt_tokens: int, prefix: bytes
     ) -> RouteRequest:
         return RouteRequest(key_hash=state.key, row=row, prompt_tokens=prompt_tokens, prefix=prefix)
 
-    def decide(self, state: RequestState, view: RequestView) -> Decision:
-        return self.policy.choose(state.route, view, k=self.top_k)  # type: ignore[arg-type]
-
     def choose(self, state: RequestState, view: RequestView) -> Decision:
-        return self.policy.choose(state.route, view, k=self.top_k)  # type: ignore[arg-type]
+        route = state.route
+        assert route is not None
+        return self.policy.choose(route, view, k=self.top_k)
+
+    decide = choose  # one decision, no second look
 
     def record(self, state: RequestState, decision: Decision) -> Reply | None:
         return None
@@ -177,8 +179,8 @@ class MarginalStrategy(PlainStrategy):
         self.load: EngineLoad = fleet.load
         self.ctx = ctx
 
-    def view(self, mask: object) -> RequestView:
-        return self.fleet.load_view(mask)  # type: ignore[arg-type]
+    def view(self, mask: np.ndarray) -> RequestView:
+        return self.fleet.load_view(mask)
 
     def route(
         self, state: RequestState, row: int, prompt_tokens: int, prefix: bytes
