@@ -47,18 +47,20 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
+from fastroute.config import EngineConfig
+from fastroute.hashing import engine_id
 from fastroute.policy.base import RouteRequest
 from fastroute.policy.marginal import EngineState, MarginalCost, StateColumn
 from fastroute.predict.calibration import DEFAULT_TYPE
 from fastroute.predict.interleave import PrefillInterleave
 
 if TYPE_CHECKING:
-    from fastroute.proxy.fleet import Fleet
     from fastroute.proxy.scraper import EngineScraper
 
 __all__ = [
@@ -227,8 +229,9 @@ class EngineLoad:
 
     Parameters
     ----------
-    fleet : Fleet
-        Its engines, in fleet order (the state's rows).
+    engines : sequence of EngineConfig
+        The fleet's engines, in fleet order (the state's rows): their names, ids
+        (:func:`~fastroute.hashing.engine_id` of the name) and ``hardware`` types.
     policy : MarginalCost
         Whose ``calibration`` (by engine ``hardware``) and ``output_lengths`` the
         observed timings feed.
@@ -237,14 +240,17 @@ class EngineLoad:
     """
 
     def __init__(
-        self, fleet: Fleet, policy: MarginalCost, scraper: EngineScraper | None = None
+        self,
+        engines: Sequence[EngineConfig],
+        policy: MarginalCost,
+        scraper: EngineScraper | None = None,
     ) -> None:
         self.policy = policy
         self.calibration = policy.calibration
         self.scraper = scraper
-        self.names = list(fleet.names)
-        self.engine_ids = [int(i) for i in fleet.engine_ids]
-        self.types = [e.hardware or DEFAULT_TYPE for e in fleet.engines]
+        self.names = [e.name for e in engines]
+        self.engine_ids = [engine_id(e.name) for e in engines]
+        self.types = [e.hardware or DEFAULT_TYPE for e in engines]
         type_names = tuple(sorted(set(self.types))) or (DEFAULT_TYPE,)
         self.state = EngineState(len(self.names), type_names)
         v = self.state.values

@@ -35,14 +35,14 @@ def install_marginal(ctx: ProxyContext, previous: ProxyContext | None = None) ->
     if isinstance(old, MarginalCost):
         policy.calibration = old.calibration
         policy.output_lengths = old.output_lengths
-    ctx.fleet.load = EngineLoad(ctx.fleet, policy, ctx.scraper)
+    ctx.fleet.load = EngineLoad(ctx.fleet.engines, policy, ctx.scraper)
     pd = ctx.pd
     if pd is not None:
         pd.prefill_policies[MARGINAL] = policy
         pd.decode_policies[MARGINAL] = policy
         pd.set_selector(MARGINAL, MarginalPairs(policy))
-        pd.prefill.load = EngineLoad(pd.prefill, policy, ctx.scraper)
-        pd.decode.load = EngineLoad(pd.decode, policy, ctx.scraper)
+        pd.prefill.load = EngineLoad(pd.prefill.engines, policy, ctx.scraper)
+        pd.decode.load = EngineLoad(pd.decode.engines, policy, ctx.scraper)
     ctx.metrics.calibration = policy.calibration
 
 

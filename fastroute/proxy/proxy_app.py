@@ -41,7 +41,7 @@ from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import PolicyConfigError
 from fastroute.proxy.admission import AdmissionQueue
 from fastroute.proxy.decisions import DecisionLog
-from fastroute.proxy.fleet import Fleet, FleetState, TableWatcher
+from fastroute.proxy.fleet import Fleet, FleetState
 from fastroute.proxy.handler import Incoming, InferenceHandler, ProxyContext, build_policies
 from fastroute.proxy.marginal_setup import install_marginal
 from fastroute.proxy.metrics import ProxyMetrics
@@ -49,6 +49,7 @@ from fastroute.proxy.pd import PDPools
 from fastroute.proxy.reply import Reply, Sink
 from fastroute.proxy.routes import INFERENCE_PATHS, get_reply, is_get_path, not_allowed, unknown_url
 from fastroute.proxy.signal_tasks import SignalTasks, install_signal_tasks
+from fastroute.proxy.table_watch import TableWatcher
 from fastroute.proxy.upstream import UpstreamPool
 from fastroute.tables.stats import StatsBlock
 

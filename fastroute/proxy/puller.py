@@ -4,7 +4,7 @@
 (the contract is in ``docs/signals.md``), decodes the snapshot
 (:func:`fastroute.tables.wire.decode_snapshot`) and publishes it into the local
 table ``proxy.table_name`` with a :class:`~fastroute.tables.TableWriter`; every
-worker's :class:`~fastroute.proxy.fleet.TableWatcher` then adopts it as if the
+worker's :class:`~fastroute.proxy.table_watch.TableWatcher` then adopts it as if the
 controller were local.
 
 * Routing never waits on it: it is a background task, and decoding and publishing

@@ -32,7 +32,7 @@ ROUTE = MarginalRequest(key_hash=1, row=0, prompt_tokens=100, prefix=b"hello")
 def _load() -> tuple[Fleet, MarginalCost, EngineLoad]:
     fleet = Fleet(decode_config(_CONFIG))
     policy = MarginalCost(seed=1)
-    load = fleet.load = EngineLoad(fleet, policy)
+    load = fleet.load = EngineLoad(fleet.engines, policy)
     return fleet, policy, load
 
 
@@ -57,10 +57,12 @@ def test_types_capacity_and_view_protocol() -> None:
     cap = state.column("kv_capacity_tokens")
     assert cap[0] == cap[1] > cap[2] > 0  # the profiles' nominal capacities
     assert np.isnan(state.column("running_remaining_tokens")).all()
-    view = fleet.load_view(fleet.request_mask(frozenset({""}), None))
+    view = fleet.load_view(fleet.eligibility.request_mask(frozenset({""}), None))
     assert isinstance(view, EngineStateView)
     assert view.engine_state() is state and view.cached_prefix_tokens(ROUTE) is None
-    assert not isinstance(fleet.view(fleet.request_mask(frozenset({""}), None)), EngineStateView)
+    assert not isinstance(
+        fleet.view(fleet.eligibility.request_mask(frozenset({""}), None)), EngineStateView
+    )
 
 
 def test_an_attempt_is_queued_then_running_then_gone() -> None:
@@ -143,7 +145,7 @@ def test_calibrated_once_every_type_has_enough_samples_of_each_kind() -> None:
     assert load.calibrated(("prefill",)) and not load.calibrated()
     # Calibration off: the nominal constants are the operator's choice, rejects allowed.
     fleet = Fleet(decode_config(_CONFIG))
-    assert EngineLoad(fleet, MarginalCost(calibrate=False)).calibrated()
+    assert EngineLoad(fleet.engines, MarginalCost(calibrate=False)).calibrated()
 
 
 def test_parse_usage() -> None:

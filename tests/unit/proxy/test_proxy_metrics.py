@@ -58,3 +58,18 @@ def test_pending_histogram_flushes_add_and_nan_only_reaches_the_sum() -> None:
     after = _samples(metrics.render(), "fastroute_proxy_e2e_seconds")
     assert after['fastroute_proxy_e2e_seconds_count{class="chat",engine="e0"}'] == "2.0"
     assert after['fastroute_proxy_e2e_seconds_sum{class="chat",engine="e0"}'] == "NaN"
+
+
+def test_metric_children_cached() -> None:
+    """Metric children cached; counted responses reach the exposition at scrape time."""
+    metrics = ProxyMetrics(lambda: None)
+    for _ in range(3):
+        metrics.count_request("chat", "e0", 200)
+    metrics.in_flight_count = 2
+    text = metrics.render()
+    assert b'fastroute_proxy_requests_total{class="chat",engine="e0",status="200"} 3.0' in text
+    assert b"fastroute_proxy_in_flight 2.0" in text
+    metrics.count_request("chat", "e0", 200)
+    assert b'status="200"} 4.0' in metrics.render()  # flushes add, never reset
+    assert metrics.e2e_of("chat", "e0").child is metrics.e2e.labels("chat", "e0")
+    assert metrics.ttft_of("c", "e") is metrics.ttft_of("c", "e")

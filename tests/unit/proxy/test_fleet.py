@@ -19,7 +19,7 @@ _CONFIG = (
 
 def test_attempts_add_and_remove_their_prompt_tokens() -> None:
     fleet = Fleet(decode_config(_CONFIG, source="test.toml"))
-    view = fleet.view(fleet.request_mask(frozenset({"default"}), None))
+    view = fleet.view(fleet.eligibility.request_mask(frozenset({"default"}), None))
     assert view.in_flight_tokens().tolist() == [0.0, 0.0]
     fleet.attempt_started(0, 1500)
     fleet.attempt_started(0, 20)
@@ -39,7 +39,7 @@ def test_length_heuristic_in_the_proxy_weighs_long_prompts_by_tokens() -> None:
     fleet.attempt_started(0, 1800)  # one long prefill
     for _ in range(3):
         fleet.attempt_started(1, 50)  # three short ones
-    view = fleet.view(fleet.request_mask(frozenset({"default"}), None))
+    view = fleet.view(fleet.eligibility.request_mask(frozenset({"default"}), None))
     policy = LengthHeuristic(long_prompt_tokens=1024)
     row = fleet.rows[("m", "default")]
     long_req = RouteRequest(key_hash=7, row=row, prompt_tokens=1500)
