@@ -6,7 +6,7 @@ online from its own requests (:class:`fastroute.predict.FleetCalibration`) and a
 new observations. :class:`CalibrationBoard` keeps the latest snapshot of every worker and
 publishes, per engine type, the state of the worker that has seen the most samples of that
 type (and likewise for the KV-transfer model): ``GET /v1/calibration``. A worker that starts
-fresh loads it (:mod:`fastroute.proxy.calibration_pull`), so a restarted or added worker
+fresh loads it (:mod:`fastroute.proxy.background.calibration_pull`), so a restarted or added worker
 routes with calibrated constants from its first request instead of the datasheet's.
 
 Choosing one worker's state per type instead of averaging keeps the RLS information matrix

@@ -114,7 +114,7 @@ class FleetModel:
             by_hw[hw] = LatencyProfile.seed(ttft0, tbot0, breakpoints_rho=grid)
         engines = config.engines
         # P/D models (served by prefill and decode engines only) get no rows: the proxy
-        # routes their pools by capacity (fastroute/proxy/pd.py). A row without an
+        # routes their pools by capacity (fastroute/proxy/path/pd.py). A row without an
         # eligible engine would be shed in full.
         lp_models = [
             m for m in config.models() if any(m in e.models for e in engines if e.role == "both")

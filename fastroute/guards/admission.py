@@ -34,7 +34,7 @@ milliseconds even in a healthy fleet; the defaults (``target_s`` 50 ms,
 
 Everything here is pure: no I/O, the clock is a ``now_s`` argument. The core is
 shared by the proxy and the simulator; the proxy's
-:class:`~fastroute.proxy.admission.AdmissionQueue` is a small asyncio wrapper that
+:class:`~fastroute.proxy.path.admission.AdmissionQueue` is a small asyncio wrapper that
 parks each waiter on a future.
 """
 
@@ -83,7 +83,7 @@ def should_shed(key_hash: int, shed_fraction: float) -> bool:
     Parameters
     ----------
     key_hash : int
-        Unsigned 64-bit routing-key hash (:func:`fastroute.proxy.routing_key.routing_key`).
+        Unsigned 64-bit routing-key hash (:func:`fastroute.proxy.path.routing_key.routing_key`).
     shed_fraction : float
         Fraction of keys to shed, published by the controller per (class, priority).
         ``<= 0`` (or NaN) sheds nothing, ``>= 1`` sheds everything.

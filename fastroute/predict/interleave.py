@@ -23,7 +23,7 @@ chunk. Counting prompts when they are dispatched instead was tried first: it mis
 prompts queued on the engine before the request's first token and prefilled during its
 decode, which on an engine with a backlog are most of them (the fit then put that
 interference into b2, at 20x its true value). The proxy
-(:mod:`fastroute.proxy.engine_load`) and the simulator (:mod:`fastroute.sim.core`) make
+(:mod:`fastroute.proxy.path.engine_load`) and the simulator (:mod:`fastroute.sim.core`) make
 the same calls.
 """
 

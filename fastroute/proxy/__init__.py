@@ -2,9 +2,9 @@
 
 Request-path primitives:
 
-* :mod:`~fastroute.proxy.requests` — minimal msgspec parse of OpenAI request bodies;
-* :mod:`~fastroute.proxy.routing_key` — the session/conversation/prompt routing key;
-* :mod:`~fastroute.proxy.admission` — the asyncio front end of the queue-delay guard.
+* :mod:`~fastroute.proxy.path.requests` — minimal msgspec parse of OpenAI request bodies;
+* :mod:`~fastroute.proxy.path.routing_key` — the session/conversation/prompt routing key;
+* :mod:`~fastroute.proxy.path.admission` — the asyncio front end of the queue-delay guard.
 
 The protection the proxy shares with the simulator (shedding, the queue-delay guard, the
 retry budget, outlier ejection) is :mod:`fastroute.guards`. See ``docs/failure-handling.md``.

@@ -5,7 +5,7 @@
 N worker processes (default ``proxy.workers``) on one address with ``SO_REUSEPORT``.
 Each worker reads the config, attaches the stats block, builds and starts the app
 (:class:`fastroute.proxy.proxy_app.ProxyApp`) and serves it on uvloop with the lean
-HTTP/1.1 server of :mod:`fastroute.proxy.server`.
+HTTP/1.1 server of :mod:`fastroute.proxy.http.server`.
 
 Signals (to the supervisor, which forwards them): SIGTERM/SIGINT drain — listeners
 close at once, ``/health`` turns 503, in-flight requests (streams included) get
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"--workers must be in 1..1024, got {workers}", file=sys.stderr)
         return 2
     try:  # fail here, once, rather than in every worker
-        from fastroute.proxy.handler import build_policies
+        from fastroute.proxy.path.handler import build_policies
 
         build_policies(config)
     except PolicyConfigError as exc:
@@ -102,8 +102,8 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
     from fastroute.config import Config
     from fastroute.errors import TableError
     from fastroute.policy import PolicyConfigError
+    from fastroute.proxy.http.server import LeanServer
     from fastroute.proxy.proxy_app import ProxyApp
-    from fastroute.proxy.server import LeanServer
     from fastroute.proxy.supervisor import set_parent_death_signal, worker_parent_alive
     from fastroute.tables.stats import StatsBlock
 

@@ -1,8 +1,8 @@
 """The proxy application: lifecycle, config reloads and request dispatch, no HTTP server.
 
 A :class:`ProxyApp` is built from a :class:`~fastroute.config.Config`; the lean
-HTTP/1.1 server (:class:`fastroute.proxy.server.LeanServer`) parses requests, hands
-them to :meth:`ProxyApp.dispatch` and writes the :class:`~fastroute.proxy.reply.Reply`
+HTTP/1.1 server (:class:`fastroute.proxy.http.server.LeanServer`) parses requests, hands
+them to :meth:`ProxyApp.dispatch` and writes the :class:`~fastroute.proxy.http.reply.Reply`
 (routes: :mod:`fastroute.proxy.routes`). ``fastroute serve`` workers and the
 in-process tests run exactly this pair.
 
@@ -39,18 +39,18 @@ from fastroute.config import Config, ConfigError, load_config
 from fastroute.guards.admission import QueueDelayGuard
 from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import PolicyConfigError
-from fastroute.proxy.admission import AdmissionQueue
-from fastroute.proxy.decisions import DecisionLog
-from fastroute.proxy.fleet import Fleet, FleetState
-from fastroute.proxy.handler import Incoming, InferenceHandler, ProxyContext, build_policies
-from fastroute.proxy.marginal_setup import install_marginal
+from fastroute.proxy.background.signal_tasks import SignalTasks, install_signal_tasks
+from fastroute.proxy.background.table_watch import TableWatcher
+from fastroute.proxy.http.reply import Reply, Sink
+from fastroute.proxy.http.upstream import UpstreamPool
 from fastroute.proxy.metrics import ProxyMetrics
-from fastroute.proxy.pd import PDPools
-from fastroute.proxy.reply import Reply, Sink
+from fastroute.proxy.path.admission import AdmissionQueue
+from fastroute.proxy.path.decisions import DecisionLog
+from fastroute.proxy.path.fleet import Fleet, FleetState
+from fastroute.proxy.path.handler import Incoming, InferenceHandler, ProxyContext, build_policies
+from fastroute.proxy.path.marginal_setup import install_marginal
+from fastroute.proxy.path.pd import PDPools
 from fastroute.proxy.routes import INFERENCE_PATHS, get_reply, is_get_path, not_allowed, unknown_url
-from fastroute.proxy.signal_tasks import SignalTasks, install_signal_tasks
-from fastroute.proxy.table_watch import TableWatcher
-from fastroute.proxy.upstream import UpstreamPool
 from fastroute.tables.stats import StatsBlock
 
 __all__ = ["ProxyApp", "ServedRequest", "build_context", "TABLE_POLL_INTERVAL_S"]

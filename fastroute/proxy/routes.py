@@ -1,12 +1,12 @@
 """The proxy's routes besides the request path: which path is what, and the ``GET`` answers.
 
 :class:`~fastroute.proxy.proxy_app.ProxyApp` dispatches with these; every answer is a
-:class:`~fastroute.proxy.reply.Reply` the front end writes.
+:class:`~fastroute.proxy.http.reply.Reply` the front end writes.
 
 Routes
 ------
 ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``
-    The request path (:mod:`fastroute.proxy.handler`); see :data:`INFERENCE_PATHS`.
+    The request path (:mod:`fastroute.proxy.path.handler`); see :data:`INFERENCE_PATHS`.
 ``GET /v1/models``
     The union of the configured engines' models, OpenAI list shape.
 ``GET /health``
@@ -32,9 +32,9 @@ from collections.abc import Mapping
 
 import msgspec
 
-from fastroute.proxy.handler import ProxyContext
-from fastroute.proxy.openai_errors import error_reply
-from fastroute.proxy.reply import Reply
+from fastroute.proxy.http.openai_errors import error_reply
+from fastroute.proxy.http.reply import Reply
+from fastroute.proxy.path.handler import ProxyContext
 
 __all__ = ["INFERENCE_PATHS", "is_get_path", "get_reply", "not_allowed", "unknown_url"]
 

@@ -5,7 +5,7 @@ into one :class:`Report` and posts :func:`encode_report` (msgpack) to the
 controller. A report covers one window ``[window_start_s, window_end_s)`` (Unix
 seconds) and holds:
 
-* per class key (``fastroute.proxy.fleet.class_key(cluster, model, priority)``):
+* per class key (``fastroute.proxy.path.fleet.class_key(cluster, model, priority)``):
   requests, estimated prompt tokens, output tokens, sheds (refused by the proxy:
   the controller's shed fraction or admission), and 429s sent to clients;
 * per engine id (``fastroute.hashing.engine_id(name)``): attempts, failures by

@@ -11,7 +11,8 @@ What the rounds say about one engine is kept in its :class:`EngineScrape`: the l
 (with their timestamp, so their age), ``/health``, the last error and counters. A failed scrape
 keeps the last good signals (their age grows). Users that do more with each good scrape pass a
 subclass whose :meth:`EngineScrape.absorb` does it (the controller's windows,
-:mod:`controller.scrape`); the proxy reads the results as they are (:mod:`fastroute.proxy.scraper`).
+:mod:`controller.scrape`); the proxy reads the results as they are
+(:mod:`fastroute.proxy.background.scraper`).
 """
 
 from __future__ import annotations

@@ -513,7 +513,7 @@ class Simulator:
 
     def _policy_extra(self, dp_index: int) -> dict[str, Any]:
         """Constructor arguments the simulator supplies to ``marginal-cost`` (as the proxy
-        does, :mod:`fastroute.proxy.marginal_setup`): a calibration starting from the
+        does, :mod:`fastroute.proxy.path.marginal_setup`): a calibration starting from the
         engines' *datasheet* constants (not their true ones), and a seeded sampler."""
         if self.policy_name != "marginal-cost":
             return {}
@@ -869,7 +869,7 @@ class Simulator:
 
     def _calibrate_from(self, att: _Attempt, t: float, first_dp_s: float) -> None:
         """Feed a served request's timings to the policy, as the proxy does
-        (fastroute.proxy.engine_load): TTFT over the prompt's uncached tokens and the load
+        (fastroute.proxy.path.engine_load): TTFT over the prompt's uncached tokens and the load
         met on arrival, mean TBOT at the batch it ran beside, and the output length. All
         times are the data plane's: forward -> first chunk -> last chunk."""
         req = att.req

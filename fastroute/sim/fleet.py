@@ -47,7 +47,7 @@ def engine_load(model: EngineModel) -> tuple[float, float, float, float, float]:
     is arriving, context) tokens of waiting and loading requests plus the unprefilled
     rest of running ones; the running context is the computed tokens of the running
     batch. vLLM exports the counts and KV usage as metrics; the token sums are what the
-    proxy estimates from its own bookkeeping (fastroute.proxy.engine_load).
+    proxy estimates from its own bookkeeping (fastroute.proxy.path.engine_load).
     """
     # EngineModel has no public snapshot of its queues; read them (no mutation).
     q_tok = 0

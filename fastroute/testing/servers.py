@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
+    from fastroute.proxy.http.server import LeanServer
     from fastroute.proxy.proxy_app import ProxyApp
-    from fastroute.proxy.server import LeanServer
 
 __all__ = ["serve_app", "serve_proxy_app"]
 
@@ -38,7 +38,7 @@ async def serve_proxy_app(
     The same pair ``fastroute serve`` workers run. Yields (root URL, server); on exit
     the server drains (unless the caller already did) and the app stops.
     """
-    from fastroute.proxy.server import LeanServer
+    from fastroute.proxy.http.server import LeanServer
 
     await app.start()
     try:

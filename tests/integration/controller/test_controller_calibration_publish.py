@@ -1,9 +1,10 @@
 """Calibration published by the controller: proxies report it, new workers start from it.
 
 The controller app runs in-process on 127.0.0.1 (``run_loop=False``); reports go over HTTP
-from the proxy's :class:`~fastroute.proxy.reporter.Reporter`, and a fresh worker loads the
-published state with :class:`~fastroute.proxy.calibration_pull.CalibrationPull`, alone and
-wired into a real proxy app whose classes use ``marginal-cost``.
+from the proxy's :class:`~fastroute.proxy.background.reporter.Reporter`, and a fresh worker
+loads the published state with
+:class:`~fastroute.proxy.background.calibration_pull.CalibrationPull`, alone and wired
+into a real proxy app whose classes use ``marginal-cost``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from controller.app import SERVICE, make_app
 from controller.service import ControllerService
 from fastroute.config import decode_config
 from fastroute.predict import CalibrationSnapshot, FleetCalibration
-from fastroute.proxy.calibration_pull import CalibrationPull
+from fastroute.proxy.background.calibration_pull import CalibrationPull
+from fastroute.proxy.background.reporter import Reporter
 from fastroute.proxy.proxy_app import ProxyApp
-from fastroute.proxy.reporter import Reporter
 from fastroute.signals.reports import DemandAggregator
 from fastroute.testing.servers import serve_app, serve_proxy_app
 from fastroute.testing.waiting import wait_until

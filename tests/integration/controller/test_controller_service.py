@@ -32,7 +32,7 @@ from controller.service import ControllerService
 from fastroute.config import PRIORITIES, decode_config
 from fastroute.emulator.model import OutputLengthDistribution
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
-from fastroute.proxy.fleet import class_key
+from fastroute.proxy.path.fleet import class_key
 from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.signals.reports import ClassDemand, Report, encode_report
 from fastroute.tables import TableReader, TableSnapshot

@@ -25,9 +25,9 @@ import openai
 from fastroute.config import Config, decode_config
 from fastroute.emulator.model import EngineConfig, OutputLengthDistribution
 from fastroute.emulator.server import EmulatedFleet, EngineSpec, fleet_specs
-from fastroute.proxy.handler import ProxyContext
+from fastroute.proxy.http.server import LeanServer
+from fastroute.proxy.path.handler import ProxyContext
 from fastroute.proxy.proxy_app import ProxyApp
-from fastroute.proxy.server import LeanServer
 from fastroute.testing.configs import engines_toml
 from fastroute.testing.servers import serve_proxy_app
 from fastroute.testing.waiting import wait_until

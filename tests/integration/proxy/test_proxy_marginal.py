@@ -27,8 +27,8 @@ from proxy_harness import (
 from fastroute.config import decode_config
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.predict import FleetCalibration
-from fastroute.proxy.engine_load import MIN_SAMPLES_TO_REJECT
-from fastroute.proxy.handler import ProxyContext
+from fastroute.proxy.path.engine_load import MIN_SAMPLES_TO_REJECT
+from fastroute.proxy.path.handler import ProxyContext
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 from proxy_harness import Harness
 
 from fastroute.hashing import engine_id
-from fastroute.proxy.fleet import class_key
+from fastroute.proxy.path.fleet import class_key
 from fastroute.tables import TableWriter
 
 pytestmark = pytest.mark.integration

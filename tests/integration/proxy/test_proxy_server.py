@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 front end (``fastroute.proxy.server``) on raw sockets.
+"""The lean HTTP/1.1 front end (``fastroute.proxy.http.server``) on raw sockets.
 
 Pipelining, ``Expect: 100-continue``, malformed requests, header and body limits,
 HTTP/1.0, idle keep-alive, back-pressure to a client that does not read; and errors,
@@ -18,7 +18,7 @@ import pytest
 from proxy_harness import Harness, config_toml, serve_proxy
 
 from fastroute.config import decode_config
-from fastroute.proxy.server import MAX_HEADER_BYTES
+from fastroute.proxy.http.server import MAX_HEADER_BYTES
 
 pytestmark = pytest.mark.integration
 

@@ -22,10 +22,10 @@ from proxy_harness import MODEL, SHORT_OUTPUTS, Harness, config_toml, wait_until
 from fastroute.config import decode_config
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.hashing import engine_id
-from fastroute.proxy.fleet import class_key
+from fastroute.proxy.background.puller import WeightsPuller
+from fastroute.proxy.background.reporter import Reporter
+from fastroute.proxy.path.fleet import class_key
 from fastroute.proxy.proxy_app import ProxyApp
-from fastroute.proxy.puller import WeightsPuller
-from fastroute.proxy.reporter import Reporter
 from fastroute.signals.reports import DemandAggregator, Report, decode_report
 from fastroute.tables import TableReader, TableSnapshot, TableWriter
 from fastroute.tables.wire import encode_snapshot

@@ -1,11 +1,11 @@
-"""The proxy's upstream client (``fastroute.proxy.http1``) against emulated engines."""
+"""The proxy's upstream client (``fastroute.proxy.http.http1``) against emulated engines."""
 
 from __future__ import annotations
 
 import aiohttp
 from proxy_harness import Harness
 
-from fastroute.proxy import http1
+from fastroute.proxy.http import http1
 
 
 def test_streamed_and_non_streamed_over_one_keepalive_connection(h: Harness) -> None:

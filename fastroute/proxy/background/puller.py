@@ -1,0 +1,262 @@
+"""Pull weight tables from a remote controller into the local shared-memory table.
+
+:class:`WeightsPuller` long-polls ``{controller_url}/v1/table?after=<gen>&timeout_s=<t>``
+(the contract is in ``docs/signals.md``), decodes the snapshot
+(:func:`fastroute.tables.wire.decode_snapshot`) and publishes it into the local
+table ``proxy.table_name`` with a :class:`~fastroute.tables.TableWriter`; every
+worker's :class:`~fastroute.proxy.background.table_watch.TableWatcher` then adopts it as if the
+controller were local.
+
+* Routing never waits on it: it is a background task, and decoding and publishing
+  run in a worker thread.
+* Any error (connect, timeout, HTTP status, bad payload, table refusal) keeps the
+  last good table, is counted by kind and logged once per distinct message, and
+  the next poll waits an exponential backoff with jitter (bounded by
+  ``backoff_max_s``).
+* One puller per host: the table's writer lock decides. A worker that finds the
+  lock taken (:class:`~fastroute.errors.TableLockedError`: another worker pulls, or
+  the controller runs on this host) stands by and retries the lock every
+  ``lock_retry_s``, so a dead puller's place is taken over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+
+import aiohttp
+
+from fastroute.errors import TableError, TableLockedError
+from fastroute.tables import TableWriter
+from fastroute.tables.wire import (
+    MSGPACK_CONTENT_TYPE,
+    WireError,
+    decode_snapshot,
+    publish_snapshot,
+)
+
+__all__ = ["WeightsPuller", "PullError", "MAX_SNAPSHOT_BYTES"]
+
+logger = logging.getLogger(__name__)
+
+#: Largest snapshot body accepted (a 1024 x 4096 table is 32 MiB of weights).
+MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+
+
+class PullError(Exception):
+    """One poll failed; ``kind`` names how (``http``, ``too_large``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class WeightsPuller:
+    """Background long-poll of a controller's weight table.
+
+    Parameters
+    ----------
+    controller_url : str
+        ``http(s)://host:port`` of the controller (a trailing ``/`` is ignored).
+    table_name : str
+        Local weight-table segment to write.
+    poll_timeout_s : float
+        ``timeout_s`` asked of the controller: how long it may hold a poll.
+    timeout_margin_s : float
+        Extra time the HTTP request may take beyond ``poll_timeout_s``.
+    connect_timeout_s : float
+        TCP/TLS connect timeout.
+    backoff_initial_s, backoff_max_s : float
+        Backoff after the first error, and its cap; doubled per consecutive error,
+        with jitter (each wait is uniform in [d/2, d]).
+    lock_retry_s : float
+        How often a standby worker retries the table's writer lock.
+    rng : callable, optional
+        Uniform [0, 1) source for the jitter (default ``random.random``).
+
+    Attributes
+    ----------
+    controller_generation : int
+        The controller's generation last applied (0 before the first).
+    local_generation : int
+        Generation of the local table after the last publication.
+    updates_total, polls_total : int
+    errors_total : dict of str to int
+        Failed polls by kind: ``connect``, ``timeout``, ``http``, ``decode``,
+        ``table``, ``too_large``, ``other``.
+    active : bool
+        This worker holds the writer lock (False: standby or not started).
+    last_error : str or None
+        The most recent error, cleared by a successful poll.
+    """
+
+    def __init__(
+        self,
+        controller_url: str,
+        table_name: str,
+        *,
+        poll_timeout_s: float = 30.0,
+        timeout_margin_s: float = 5.0,
+        connect_timeout_s: float = 2.0,
+        backoff_initial_s: float = 0.25,
+        backoff_max_s: float = 15.0,
+        lock_retry_s: float = 5.0,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.url = controller_url.rstrip("/") + "/v1/table"
+        self.table_name = table_name
+        self.poll_timeout_s = poll_timeout_s
+        self.timeout_margin_s = timeout_margin_s
+        self.connect_timeout_s = connect_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.lock_retry_s = lock_retry_s
+        self.rng = rng
+        self.controller_generation = 0
+        self.local_generation = 0
+        self.updates_total = 0
+        self.polls_total = 0
+        self.errors_total: dict[str, int] = {}
+        self.active = False
+        self.last_error: str | None = None
+        self._consecutive_errors = 0
+        self._writer: TableWriter | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- one poll ---------------------------------------------------------------------------
+
+    async def poll_once(self) -> bool:
+        """One long-poll; return True if a new table was published locally.
+
+        Raises
+        ------
+        aiohttp.ClientError, asyncio.TimeoutError, PullError, WireError, TableError
+            The poll failed; the local table is unchanged.
+        """
+        assert self._session is not None and self._writer is not None
+        self.polls_total += 1
+        params = {"after": str(self.controller_generation), "timeout_s": f"{self.poll_timeout_s:g}"}
+        timeout = aiohttp.ClientTimeout(
+            total=self.poll_timeout_s + self.timeout_margin_s, connect=self.connect_timeout_s
+        )
+        headers = {"Accept": MSGPACK_CONTENT_TYPE}
+        async with self._session.get(
+            self.url, params=params, headers=headers, timeout=timeout
+        ) as resp:
+            if resp.status == 304:
+                return False
+            if resp.status != 200:
+                raise PullError("http", f"controller answered HTTP {resp.status}")
+            if (resp.content_length or 0) > MAX_SNAPSHOT_BYTES:
+                raise PullError("too_large", f"snapshot of {resp.content_length} bytes")
+            data = await resp.content.read(MAX_SNAPSHOT_BYTES + 1)
+            if len(data) > MAX_SNAPSHOT_BYTES:
+                raise PullError("too_large", f"snapshot over {MAX_SNAPSHOT_BYTES} bytes")
+        snap = await asyncio.to_thread(decode_snapshot, data)
+        if snap.generation == self.controller_generation:
+            return False
+        if snap.generation < self.controller_generation:
+            logger.warning(
+                "controller generation went back from %d to %d (controller restarted?)",
+                self.controller_generation,
+                snap.generation,
+            )
+        self.local_generation = await asyncio.to_thread(publish_snapshot, self._writer, snap)
+        self.controller_generation = snap.generation
+        self.updates_total += 1
+        logger.info(
+            "weights: controller generation %d published as local generation %d of %r",
+            snap.generation,
+            self.local_generation,
+            self.table_name,
+        )
+        return True
+
+    # -- the task -----------------------------------------------------------------------------
+
+    def _backoff_s(self) -> float:
+        d = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (self._consecutive_errors - 1))
+        return d * (0.5 + 0.5 * self.rng())
+
+    def _record_error(self, exc: BaseException) -> None:
+        if isinstance(exc, PullError):
+            kind = exc.kind
+        elif isinstance(exc, asyncio.TimeoutError):
+            kind = "timeout"
+        elif isinstance(exc, aiohttp.ClientError):
+            kind = "connect"
+        elif isinstance(exc, WireError):
+            kind = "decode"
+        elif isinstance(exc, TableError):
+            kind = "table"
+        else:
+            kind = "other"
+        self.errors_total[kind] = self.errors_total.get(kind, 0) + 1
+        self._consecutive_errors += 1
+        text = f"{kind}: {type(exc).__name__}: {exc}"
+        if text != self.last_error:
+            logger.warning(
+                "weights pull from %s failed, keeping the last good table: %s", self.url, text
+            )
+        self.last_error = text
+
+    def _acquire_writer(self) -> bool:
+        try:
+            self._writer = TableWriter(self.table_name)
+        except TableLockedError:
+            if self.active or self.last_error != "standby":
+                logger.info(
+                    "weights: table %r has another writer; this worker stands by", self.table_name
+                )
+            self.active = False
+            self.last_error = "standby"
+            return False
+        self.active = True
+        self.last_error = None
+        self.local_generation = self._writer.generation
+        logger.info("weights: this worker pulls %s into %r", self.url, self.table_name)
+        return True
+
+    async def run(self) -> None:
+        """Poll forever (cancel to stop); the local table stays for its readers."""
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1), auto_decompress=True
+        )
+        try:
+            while True:
+                if self._writer is None:
+                    try:
+                        acquired = self._acquire_writer()
+                    except (TableError, OSError) as exc:
+                        self._record_error(exc)
+                        await asyncio.sleep(self._backoff_s())
+                        continue
+                    if not acquired:
+                        await asyncio.sleep(self.lock_retry_s)
+                        continue
+                try:
+                    await self.poll_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # every failure keeps the last table
+                    self._record_error(exc)
+                    await asyncio.sleep(self._backoff_s())
+                else:
+                    self._consecutive_errors = 0
+                    self.last_error = None
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Release the writer lock and the HTTP session."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None
+            self.active = False
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,245 @@
+"""The proxy's view of the fleet: engines, class rows, weights, availability.
+
+Engines are the config's ``[[engines]]``, in file order: that order is the engine
+index everywhere in the proxy (selector, outlier detector, in-flight counts), so a
+new weight table never re-indexes local state. Class rows are one per
+(model, priority) of the config's models.
+
+Weights come from one of two sources (DESIGN.md §2):
+
+* the shared-memory weight table ``proxy.table_name``, when it exists: each row is
+  looked up by :func:`class_key` ``(proxy.cluster, model, priority)`` and its weights
+  are mapped onto the config's engines by engine id (``hashing.engine_id(name)``);
+  engines the table does not list get weight 0 in that row, engines the config does
+  not list are ignored (the proxy has no address for them), a row the table lacks
+  falls back to capacity weights; the table's engine flags and shed fractions apply;
+* otherwise capacity-proportional weights: in each row, every engine serving the
+  row's model (role ``both``) with weight ``capacity_rps``.
+
+The fleet's other jobs have their own modules: live per-engine statistics
+(:mod:`fastroute.proxy.path.engine_stats`), eligibility and its explanations
+(:mod:`fastroute.proxy.path.eligibility`, :attr:`Fleet.eligibility`), the per-request views
+policies decide over (:mod:`fastroute.proxy.path.fleet_views`) and the weight-table watcher
+(:mod:`fastroute.proxy.background.table_watch`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastroute._core import Selector
+from fastroute._core.selector_py import ZERO_WEIGHT_RATIO
+from fastroute.config import PRIORITIES, Config, EngineConfig
+from fastroute.hashing import class_key, engine_id
+from fastroute.proxy.path.concurrency import ConcurrencyCaps
+from fastroute.proxy.path.eligibility import Eligibility
+from fastroute.proxy.path.engine_stats import CountingOutlierDetector, EngineStats, InFlightCounts
+from fastroute.proxy.path.fleet_views import LoadView, RequestView
+from fastroute.tables import TableSnapshot
+from fastroute.tables.stats import Ewma, StatsBlock
+
+__all__ = ["class_key", "FleetState", "Fleet"]
+
+if TYPE_CHECKING:
+    from fastroute.proxy.path.engine_load import EngineLoad
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FleetState:
+    """One immutable set of weights and flags over the config's engines.
+
+    Attributes
+    ----------
+    generation : int
+        Weight-table generation; 0 for the config fallback.
+    published_at : float or None
+        Unix publish time of the table; None for the fallback.
+    weights : ndarray of float64, shape (n_rows, n_engines)
+    positive : ndarray of bool, shape (n_rows, n_engines)
+        Weight counts as > 0 (the selector's own threshold).
+    available : ndarray of bool, shape (n_engines,)
+        Not flagged unavailable or draining by the controller.
+    shed_fraction : ndarray of float64, shape (n_rows,)
+    retry_ratio : float or None
+        The controller's retry ratio; None for the fallback.
+    selector : Selector
+        Over ``weights``.
+    """
+
+    generation: int
+    published_at: float | None
+    weights: np.ndarray
+    positive: np.ndarray
+    available: np.ndarray
+    shed_fraction: np.ndarray
+    retry_ratio: float | None
+    selector: Any
+
+    @property
+    def source(self) -> str:
+        """``"table"`` or ``"config"``."""
+        return "config" if self.generation == 0 else "table"
+
+
+class Fleet:
+    """Engines, class rows and the current :class:`FleetState`, plus local health.
+
+    Parameters
+    ----------
+    config : Config
+        The validated configuration.
+    clock : callable, optional
+        Monotonic seconds for the outlier detector (default ``time.monotonic``).
+    stats_block : StatsBlock, optional
+        The host's shared stats block (supervised workers); default private counts.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        stats_block: StatsBlock | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.engines: tuple[EngineConfig, ...] = config.engines
+        self.names = [e.name for e in self.engines]
+        self.engine_ids = np.array([engine_id(e.name) for e in self.engines], dtype=np.uint64)
+        self._index_of_id = {int(i): n for n, i in enumerate(self.engine_ids)}
+        self.models = config.models()
+        self.rows: dict[tuple[str, str], int] = {}
+        for model in self.models:
+            for priority in PRIORITIES:
+                self.rows[(model, priority)] = len(self.rows)
+        self.row_keys = np.array(
+            [class_key(config.proxy.cluster, m, p) for (m, p) in self.rows], dtype=np.uint64
+        )
+        self._serves = np.zeros((len(self.rows), len(self.engines)), dtype=bool)
+        self._fallback = np.zeros(self._serves.shape, dtype=np.float64)
+        for (model, _), row in self.rows.items():
+            for i, e in enumerate(self.engines):
+                if model in e.models and e.role == "both":
+                    self._serves[row, i] = True
+                    self._fallback[row, i] = e.capacity_rps
+        self.stats = EngineStats(self.engine_ids, stats_block)
+        ej = config.ejection
+        self.outlier: CountingOutlierDetector = CountingOutlierDetector(
+            self.stats,
+            len(self.engines),
+            consecutive_failures=ej.consecutive_failures,
+            base_ejection_s=ej.base_ejection_s,
+            max_ejection_s=max(ej.max_ejection_s, ej.base_ejection_s),
+            max_ejected_fraction=ej.max_ejected_fraction,
+        )
+        self.in_flight = InFlightCounts(self.stats)
+        #: This worker's own in-flight counts and the ``max_concurrency`` caps.
+        self.caps = ConcurrencyCaps([e.max_concurrency for e in self.engines])
+        #: Prompt tokens of this worker's attempts in flight per engine (token-weighted
+        #: policies: ``length-heuristic``, ``weighted-hrw`` with ``load = "tokens"``). A list:
+        #: every attempt updates it (60 ns vs 230 for a numpy item), few policies read it.
+        self.tokens_in_flight = [0] * len(self.engines)
+        #: Which engines may serve a request
+        #: (:class:`~fastroute.proxy.path.eligibility.Eligibility`).
+        self.eligibility = Eligibility(self.engines, self._serves, self.outlier, self.caps, clock)
+        #: Per-engine load for the ``marginal-cost`` policy
+        #: (:class:`~fastroute.proxy.path.engine_load.EngineLoad`); None unless a class uses it.
+        self.load: EngineLoad | None = None
+        self.state = self._make_state(0, None, self._fallback.copy(), None, None, None)
+
+    @property
+    def n_engines(self) -> int:
+        """Number of engines."""
+        return len(self.engines)
+
+    def attempt_started(self, index: int, prompt_tokens: int = 0) -> None:
+        """An attempt of ``prompt_tokens`` was sent to engine ``index``: in-flight + 1."""
+        self.stats.add_in_flight(index, 1)
+        self.caps.started(index)
+        self.tokens_in_flight[index] += prompt_tokens
+
+    def attempt_finished(self, index: int, prompt_tokens: int = 0) -> None:
+        """An attempt to engine ``index`` ended (any way): in-flight - 1; pass the
+        ``prompt_tokens`` it started with."""
+        self.stats.add_in_flight(index, -1)
+        self.caps.finished(index)
+        self.tokens_in_flight[index] -= prompt_tokens
+
+    def observe(self, index: int, ewma: Ewma, seconds: float) -> None:
+        """Fold an in-band latency (``Ewma.TTFT_S``, ``TBOT_S``, ``E2E_S``) of engine
+        ``index`` into the stats."""
+        self.stats.observe(index, ewma, seconds)
+
+    # -- weights -------------------------------------------------------------------------
+
+    def _make_state(
+        self,
+        generation: int,
+        published_at: float | None,
+        weights: np.ndarray,
+        available: np.ndarray | None,
+        shed: np.ndarray | None,
+        retry_ratio: float | None,
+    ) -> FleetState:
+        weights.flags.writeable = False
+        row_max = weights.max(axis=1, keepdims=True) if weights.size else weights
+        positive = (weights > 0) & (weights >= row_max * ZERO_WEIGHT_RATIO)
+        return FleetState(
+            generation=generation,
+            published_at=published_at,
+            weights=weights,
+            positive=positive,
+            available=np.ones(self.n_engines, dtype=bool) if available is None else available,
+            shed_fraction=np.zeros(len(self.rows)) if shed is None else shed,
+            retry_ratio=retry_ratio,
+            selector=Selector(self.engine_ids, weights),
+        )
+
+    def state_from_snapshot(self, snap: TableSnapshot) -> FleetState:
+        """Map a weight-table snapshot onto the config's engines and rows."""
+        weights = self._fallback.copy()
+        shed = np.zeros(len(self.rows))
+        cols = [(n, self._index_of_id.get(int(i))) for n, i in enumerate(snap.engine_ids)]
+        cols = [(t, c) for t, c in cols if c is not None]
+        table_cols = np.array([t for t, _ in cols], dtype=np.intp)
+        our_cols = np.array([c for _, c in cols], dtype=np.intp)
+        for row, key in enumerate(self.row_keys):
+            try:
+                trow = snap.row(int(key))
+            except KeyError:
+                continue  # the controller has no row for this class: capacity weights
+            weights[row, :] = 0.0
+            weights[row, our_cols] = snap.weights[trow, table_cols]
+            shed[row] = float(snap.shed_fraction[trow])
+        weights[~self._serves] = 0.0  # never route a model to an engine not serving it
+        available = np.ones(self.n_engines, dtype=bool)
+        available[our_cols] = snap.available().astype(bool)[table_cols]
+        return self._make_state(
+            snap.generation,
+            snap.published_at,
+            weights,
+            available,
+            shed,
+            float(snap.retry_ratio),
+        )
+
+    def apply_snapshot(self, snap: TableSnapshot) -> FleetState:
+        """Adopt a new table generation; returns the new state."""
+        self.state = self.state_from_snapshot(snap)
+        return self.state
+
+    # -- per-request views ------------------------------------------------------------------
+
+    def view(self, request_mask: np.ndarray) -> RequestView:
+        """A :class:`~fastroute.policy.FleetView` for one request."""
+        return RequestView(self, self.state, request_mask)
+
+    def load_view(self, request_mask: np.ndarray) -> LoadView:
+        """A view that is also an ``EngineStateView`` (needs :attr:`load`)."""
+        assert self.load is not None
+        return LoadView(self, self.state, request_mask, self.load)

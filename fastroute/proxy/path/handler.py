@@ -1,0 +1,406 @@
+"""The inference request path (DESIGN.md §3), one request at a time.
+
+``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` run, in
+order: body limit (413) → minimal parse (400) → classify (tenant by API key, residency
+zones, priority, model → class row; unknown model 404) → sticky shed (429) →
+admission guard (429) → routing key → pick (the class's policy over a per-request
+:class:`~fastroute.proxy.path.fleet_views.RequestView`, top-k ranking) → forward the original
+body bytes → relay the response (SSE chunk by chunk) → record.
+
+Failures: an attempt that fails before any byte reached the client (connect error,
+timeout, a status in ``retry.retry_on_status``) is retried once on the next ranked
+engine if ``retry.max_retries`` and the retry budget allow; otherwise the client gets
+502 (connect error, disconnect, 5xx), 504 (timeout) or the engine's 4xx/429 in
+OpenAI shape. A stream that breaks after its first byte ends with one SSE error event
+and a clean end of the body. Every outcome is recorded in the outlier detector.
+A client that goes away cancels the handler (the lean server does);
+the upstream response is closed on the way out.
+
+The steps live in their own modules: classification (:mod:`fastroute.proxy.path.classify`),
+how a class's policy is applied (:mod:`fastroute.proxy.path.strategy`: ``marginal-cost``'s
+SLO headers, engine state, early 429 ``slo_infeasible`` and calibration are all there),
+the ranked attempts (:mod:`fastroute.proxy.path.forward`), the relay
+(:mod:`fastroute.proxy.path.relay`) and the two stages of a P/D request
+(:mod:`fastroute.proxy.path.pd_stages`). One
+:class:`~fastroute.proxy.path.request_state.RequestState` per request carries what they share.
+
+The path is independent of the HTTP server in front of it: :meth:`InferenceHandler.handle`
+takes anything with ``path`` and ``headers`` (a case-insensitive mapping), the body
+already read (None when it was over the limit) and a :class:`~fastroute.proxy.http.reply.Sink`
+for streams, and returns a :class:`~fastroute.proxy.http.reply.Reply`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fastroute.config import ClassConfig, Config
+from fastroute.guards.admission import should_shed
+from fastroute.guards.retry_budget import RetryBudget
+from fastroute.policy import Policy, make_policy
+from fastroute.proxy.http.openai_errors import error_reply
+from fastroute.proxy.http.reply import Reply, Sink
+from fastroute.proxy.http.upstream import UpstreamPool
+from fastroute.proxy.metrics import ProxyMetrics
+from fastroute.proxy.path.admission import AdmissionQueue, AdmissionRejected
+from fastroute.proxy.path.classify import PREFIX_BYTES, Classifier, Reject, route_prefix
+from fastroute.proxy.path.decisions import DecisionLog, DecisionRecord
+from fastroute.proxy.path.fleet import Fleet
+from fastroute.proxy.path.forward import Forwarder
+from fastroute.proxy.path.headers import HeaderRelay
+from fastroute.proxy.path.pd import PDPools
+from fastroute.proxy.path.pd_stages import PDStages
+from fastroute.proxy.path.records import choice_renderer
+from fastroute.proxy.path.request_state import RequestState
+from fastroute.proxy.path.routing_key import estimate_prompt_tokens, routing_key
+from fastroute.proxy.path.strategy import build_pair_strategies, build_strategies
+from fastroute.signals.reports import DemandAggregator
+
+__all__ = [
+    "ProxyContext",
+    "InferenceHandler",
+    "build_policies",
+    "PREFIX_BYTES",
+    "new_request_id",
+    "Incoming",
+]
+
+
+def build_policies(config: Config) -> dict[str, Policy]:
+    """One policy instance per policy name the config uses.
+
+    Raises
+    ------
+    fastroute.policy.PolicyConfigError
+        A policy is not implemented or its parameters are invalid.
+    """
+    names = {config.policy.default} | {c.policy for c in config.classes if c.policy}
+    policies: dict[str, Policy] = {}
+    for name in sorted(names):
+        params: dict[str, Any] = dict(config.policy.params.get(name, {}))
+        if name == "weighted-hrw" and config.policy.bounded_load:
+            params.setdefault("balance_factor", config.policy.bounded_load_factor)
+        policies[name] = make_policy(name, **params)
+    return policies
+
+
+class Incoming(Protocol):
+    """What the request path reads of a request (the lean server's request is one)."""
+
+    @property
+    def path(self) -> str:
+        """The request path (one of the three inference endpoints)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Request headers, case-insensitive (``CIMultiDict``/``CIMultiDictProxy``)."""
+
+    @property
+    def raw_headers(self) -> Sequence[tuple[bytes, bytes]]:
+        """The same headers as received: (name, value) bytes, in order."""
+
+
+@dataclass(slots=True)
+class ProxyContext:
+    """Everything the request path shares, built once per app.
+
+    Attributes
+    ----------
+    config : Config
+    fleet : Fleet
+    policies : dict of str to Policy
+    budget : RetryBudget
+    admission : AdmissionQueue or None
+        None when ``admission.enabled`` is false.
+    decisions : DecisionLog
+    metrics : ProxyMetrics
+    upstream : UpstreamPool or None
+        Created on startup (it needs the running loop).
+    pd : PDPools or None
+        The prefill and decode pools, when the config has P/D engines.
+    aggregator : DemandAggregator or None
+        Per-window report counters, set by ``install_signal_tasks`` when a
+        controller is configured; None: nothing is counted.
+    scraper : EngineScraper or None
+        The proxy's own engine scraper (``proxy.scrape_engines``), set by
+        ``install_signal_tasks``; the ``marginal-cost`` engine load merges its scrapes.
+    """
+
+    config: Config
+    fleet: Fleet
+    policies: dict[str, Policy]
+    budget: RetryBudget
+    admission: AdmissionQueue | None
+    decisions: DecisionLog
+    metrics: ProxyMetrics
+    upstream: UpstreamPool | None = None
+    pd: PDPools | None = None
+    aggregator: DemandAggregator | None = None
+    scraper: Any = None
+    ready: bool = False
+    draining: bool = False
+
+
+def _new_id_prefix() -> str:
+    # 64 random bits per process: ids stay unique across workers and restarts.
+    return f"req-{secrets.token_hex(8)}-"
+
+
+# A per-process random prefix plus a counter: uuid4 per request was ~2 % of a worker's
+# CPU. A forked child draws a new prefix (workers are exec'ed anyway).
+_id_prefix = _new_id_prefix()
+_id_counter = itertools.count(1)
+
+
+def _reset_ids_after_fork() -> None:
+    global _id_prefix, _id_counter
+    _id_prefix = _new_id_prefix()
+    _id_counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_reset_ids_after_fork)
+
+
+def new_request_id() -> str:
+    """A fresh, unique request id (client-supplied ids are not trusted)."""
+    return f"{_id_prefix}{next(_id_counter):x}"
+
+
+class InferenceHandler:
+    """The handlers of the three inference endpoints over one :class:`ProxyContext`.
+
+    Everything per class that does not change per request is built here: the
+    classifier's tenant and zone tables, the header verdict caches, and one routing
+    strategy per policy name (and per policy name and P/D pair).
+    """
+
+    def __init__(self, ctx: ProxyContext) -> None:
+        self.ctx = ctx
+        config = ctx.config
+        self.config = config
+        self._classifier = Classifier(config, ctx.fleet.rows)
+        self._forwarder = Forwarder(ctx, HeaderRelay(config.proxy.forward_authorization))
+        self._strategies = build_strategies(ctx)
+        self._pd = PDStages(ctx, self._forwarder, build_pair_strategies(ctx))
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this handler serves in, looked up once.
+
+        On Python 3.11 every ``asyncio.get_running_loop()`` makes a ``getpid()``
+        syscall (a fork check); the request path needed about five per request, 5–8 %
+        of a worker's CPU. A handler serves in one loop (its context's upstream
+        connections belong to that loop).
+        """
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    # -- the path ----------------------------------------------------------------------------
+
+    async def handle(
+        self, request: Incoming, kind: str, body: bytes | None, sink: Sink, rid: str
+    ) -> Reply:
+        """Serve one inference request.
+
+        Parameters
+        ----------
+        request : Incoming
+            Its ``path`` and ``headers``.
+        kind : {"chat", "completions", "embeddings"}
+            The endpoint.
+        body : bytes or None
+            The whole request body; None if it was over ``limits.max_body_bytes`` (413).
+        sink : Sink
+            Where a streamed (SSE) response is written.
+        rid : str
+            The request id the front end assigned (:func:`new_request_id`).
+
+        Returns
+        -------
+        Reply
+            The response; ``streamed=True`` if it already went through ``sink``.
+        """
+        ctx = self.ctx
+        loop = self._running_loop()
+        t0 = loop.time()
+        record = DecisionRecord(request_id=rid, endpoint=request.path)
+        state = RequestState(request, kind, body, sink, record, loop, t0)
+        metrics = ctx.metrics
+        metrics.in_flight_count += 1
+        response: Reply | None = None
+        try:
+            try:
+                cls = self._classify(state)
+            except Reject as rej:
+                # Never routed, but recorded: the client has the request id to ask why.
+                record.error = rej.reason
+                ctx.decisions.add(record)
+                response = rej.response
+                return response
+            record.model, record.priority, record.tenant = state.model, state.priority, state.tenant
+            record.class_name, record.row = cls.name, state.row
+            record.zones = self._classifier.zone_list(state.zones)
+            ctx.decisions.add(record)
+            response = await self._route(state)
+            return response
+        finally:
+            metrics.in_flight_count -= 1
+            status = response.status if response is not None else 499
+            record.status = status
+            record.timings["done"] = loop.time() - t0
+            engine = record.attempts[-1].engine if record.attempts else "none"
+            metrics.count_request(record.class_name or "none", engine, status)
+            if ctx.aggregator is not None and status == 429 and record.attempts:
+                ctx.aggregator.observe_rejected(int(ctx.fleet.row_keys[record.row]))
+            if response is not None and status < 400:
+                metrics.e2e_of(record.class_name, engine).observe(loop.time() - t0)
+
+    def _classify(self, state: RequestState) -> ClassConfig:
+        """Parse and classify; pick the class's strategy (raises ``Reject``)."""
+        classifier = self._classifier
+        if state.body is None:
+            raise classifier.too_large()
+        parsed = state.parsed = classifier.parse(state.kind, state.body)
+        state.record.model = parsed.model or ""
+        cls = classifier.classify(state)
+        strategy = state.strategy = self._strategies[self.config.policy_for(cls)]
+        if strategy.reads_slos:
+            classifier.slos(state)
+        return cls
+
+    async def _route(self, state: RequestState) -> Reply:
+        """Sticky shed and admission, then pick and forward."""
+        ctx, config, fleet = self.ctx, self.config, self.ctx.fleet
+        record = state.record
+        assert state.parsed is not None and state.cls is not None
+        key, source = routing_key(
+            state.parsed,
+            state.request.headers,
+            config.proxy.session_header,
+            request_id=record.request_id,
+        )
+        state.key = key
+        record.key_source = str(source)
+        fleet_state = fleet.state
+        record.generation = fleet_state.generation
+        if should_shed(key, float(fleet_state.shed_fraction[state.row])):
+            return self._shed(state, "shed", "shed by the controller's shed fraction")
+        admission = ctx.admission
+        if admission is None:
+            return await self._pick_and_forward(state)
+        try:
+            queued = admission.try_acquire()  # no coroutine unless it has to wait
+            if queued is not None:
+                await admission.wait(queued)
+        except AdmissionRejected as exc:
+            return self._shed(state, "admission", str(exc), exc.admission.retry_after_header)
+        try:
+            return await self._pick_and_forward(state)
+        finally:
+            admission.release()
+
+    def _shed(
+        self, state: RequestState, why: str, error: str, retry_after: str | None = None
+    ) -> Reply:
+        """429 for a request shed (``why``: ``shed`` or ``admission``) before routing."""
+        ctx = self.ctx
+        assert state.cls is not None and state.parsed is not None
+        ctx.metrics.shed.labels(state.cls.name, why).inc()
+        if ctx.aggregator is not None:
+            ctx.aggregator.observe_request(
+                int(ctx.fleet.row_keys[state.row]), estimate_prompt_tokens(state.parsed), shed=True
+            )
+        state.record.error = error
+        if retry_after is None:
+            return error_reply(
+                429,
+                "The service is shedding load for this class; retry later.",
+                code="load_shed",
+                headers={"Retry-After": str(self.config.admission.retry_after_s)},
+            )
+        return error_reply(
+            429,
+            "The proxy is overloaded; retry later.",
+            code="overloaded",
+            headers={"Retry-After": retry_after},
+        )
+
+    async def _pick_and_forward(self, state: RequestState) -> Reply:
+        """Decide over the class's fleet (waiting for a capped engine if need be), then
+        forward; P/D models go to their two stages."""
+        ctx, config = self.ctx, self.config
+        pd = ctx.pd
+        if pd is not None and state.kind != "embeddings" and state.model in pd.models:
+            return await self._pd.forward(state)
+        loop = state.loop
+        strategy = state.strategy
+        assert strategy is not None and state.parsed is not None
+        fleet = state.fleet = strategy.fleet
+        eligibility = fleet.eligibility
+        mask = eligibility.request_mask(state.zones, state.hardware)
+        view = strategy.view(mask)
+        fleet_state = view.state
+        prompt_tokens = estimate_prompt_tokens(state.parsed) if state.kind != "embeddings" else 0
+        prefix = route_prefix(state.parsed) if strategy.policy.needs_prefix else b""
+        route = state.route = strategy.route(state, state.row, prompt_tokens, prefix)
+        if ctx.aggregator is not None:
+            ctx.aggregator.observe_request(int(fleet.row_keys[state.row]), route.prompt_tokens)
+        decision = strategy.decide(state, view)
+        capped = not decision.ranked and eligibility.capped_out(state.row, fleet_state, mask)
+        if capped:
+            # Candidates exist but are at their max_concurrency cap: wait for one to
+            # free up (bounded; this request holds an admission slot), then pick again.
+            wait_until = loop.time() + config.admission.max_wait_s
+            while capped and await fleet.caps.wait_freed(wait_until - loop.time()):
+                view = strategy.view(mask)
+                fleet_state = view.state
+                decision = strategy.choose(state, view)
+                capped = not decision.ranked and eligibility.capped_out(
+                    state.row, fleet_state, mask
+                )
+        record = state.record
+        record.policy, record.reason = decision.policy, decision.reason
+        record.defer(choice_renderer(fleet, state.row, mask, fleet_state, decision))
+        record.timings["decided"] = loop.time() - state.t0
+        refused = strategy.record(state, decision)
+        if refused is not None:
+            return refused
+        if capped or not decision.ranked:
+            return self._no_engine(state, capped)
+        self._forwarder.deposit(fleet_state)
+        state.deadline = state.t0 + config.timeouts.total_timeout_s
+        return await self._forwarder.try_ranked(state, decision)
+
+    def _no_engine(self, state: RequestState, capped: bool) -> Reply:
+        """429 when every candidate is at its cap, else 503: no eligible engine."""
+        record = state.record
+        assert state.cls is not None
+        if capped:
+            self.ctx.metrics.shed.labels(state.cls.name, "at_cap").inc()
+            record.error = "every candidate engine is at its max_concurrency cap"
+            return error_reply(
+                429,
+                f"Every engine for model `{state.model}` is at its concurrency limit; retry later.",
+                code="engines_at_capacity",
+                headers={
+                    "Retry-After": str(self.config.admission.retry_after_s),
+                    "x-fastroute-engine": "none",
+                    "x-fastroute-decision": record.header(),
+                },
+            )
+        record.error = "no eligible engine"
+        return error_reply(
+            503,
+            f"No engine is available for model `{state.model}` (priority {state.priority}, "
+            f"zones {', '.join(sorted(state.zones))}).",
+            code="no_engine_available",
+            headers={"x-fastroute-engine": "none", "x-fastroute-decision": record.header()},
+        )

@@ -1,0 +1,49 @@
+"""The fleet's in-flight prompt tokens: what token-weighted policies read in the proxy."""
+
+from __future__ import annotations
+
+from fastroute.config import decode_config
+from fastroute.policy import RouteRequest
+from fastroute.policy.length_heuristic import LengthHeuristic
+from fastroute.proxy.path.fleet import Fleet
+
+_CONFIG = (
+    "".join(
+        f'[[engines]]\nname = "e{i}"\nurl = "http://127.0.0.1:{9000 + i}"\nmodels = ["m"]\n'
+        "capacity_rps = 10.0\n\n"
+        for i in range(2)
+    )
+    + '[policy]\ndefault = "length-heuristic"\n'
+)
+
+
+def test_attempts_add_and_remove_their_prompt_tokens() -> None:
+    fleet = Fleet(decode_config(_CONFIG, source="test.toml"))
+    view = fleet.view(fleet.eligibility.request_mask(frozenset({"default"}), None))
+    assert view.in_flight_tokens().tolist() == [0.0, 0.0]
+    fleet.attempt_started(0, 1500)
+    fleet.attempt_started(0, 20)
+    fleet.attempt_started(1, 300)
+    assert view.in_flight_tokens().tolist() == [1520.0, 300.0]
+    assert view.in_flight().tolist() == [2, 1]
+    fleet.attempt_finished(0, 1500)
+    assert view.in_flight_tokens().tolist() == [20.0, 300.0]
+
+
+def test_length_heuristic_in_the_proxy_weighs_long_prompts_by_tokens() -> None:
+    """A long prompt goes to the engine with fewer prompt tokens in flight although it has
+    more requests in flight; a short one to the engine with fewer requests."""
+    config = decode_config(_CONFIG, source="test.toml")
+    assert config.policy.default == "length-heuristic"
+    fleet = Fleet(config)
+    fleet.attempt_started(0, 1800)  # one long prefill
+    for _ in range(3):
+        fleet.attempt_started(1, 50)  # three short ones
+    view = fleet.view(fleet.eligibility.request_mask(frozenset({"default"}), None))
+    policy = LengthHeuristic(long_prompt_tokens=1024)
+    row = fleet.rows[("m", "default")]
+    long_req = RouteRequest(key_hash=7, row=row, prompt_tokens=1500)
+    short_req = RouteRequest(key_hash=7, row=row, prompt_tokens=100)
+    long_dec, short_dec = policy.choose(long_req, view), policy.choose(short_req, view)
+    assert (long_dec.ranked[0], long_dec.reason) == (1, "long-prompt")
+    assert (short_dec.ranked[0], short_dec.reason) == (0, "short-prompt")
