@@ -4,11 +4,12 @@
 
 Starts one vLLM engine (both cores; or uses ``--engine URL``) and ``fastroute serve`` in
 front, then for each per-request ``stream_interval`` (1 and 4) and each usage option streams
-``--tokens`` pinned tokens directly and through the proxy, and prints per case: events carrying text, tokens per
-event (from ``continuous_usage_stats``), the engine's ``usage.completion_tokens``, the true
-time between output tokens (client-side span / (completion_tokens - 1)) and the proxy's
-``tbot_s`` (its decision record) with their ratio. Last, it kills the engine's core process
-mid-stream through the proxy and prints the events the client saw after the last token.
+``--tokens`` pinned tokens directly and through the proxy. Per case it prints the events
+carrying text, tokens per event (from ``continuous_usage_stats``), the engine's
+``usage.completion_tokens``, the true time between output tokens (client-side span /
+(completion_tokens - 1)) and the proxy's ``tbot_s`` (its decision record) with their ratio.
+Last, it kills the engine's core process mid-stream through the proxy and prints the events
+the client saw after the last token.
 Not a test: numbers for docs/real-engines.md.
 """
 
