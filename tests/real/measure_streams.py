@@ -111,7 +111,7 @@ def _engine_core_pid(api_server_pid: int) -> int:
     )
     for pid in out.stdout.split():
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"spawn_main" in f.read():
+            if b"EngineCore" in f.read():
                 return int(pid)
     raise RuntimeError("no engine core process")
 
