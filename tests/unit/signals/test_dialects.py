@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fastroute.signals.dialects import ENGINE_KINDS, dialect_for
+from fastroute.signals.exposition import plain_samples
 from fastroute.signals.vllm import merge_signals, parse_engine_metrics, parse_vllm_metrics
 
 PAGES = Path(__file__).parent / "exposition"
@@ -35,6 +36,7 @@ def test_kinds_are_the_config_kinds() -> None:
 
 
 def test_real_vllm_0_32_page() -> None:
+    assert plain_samples(page("vllm_0_32.txt"), "vllm:")  # the fast reader takes it
     out = parse_engine_metrics(page("vllm_0_32.txt"), "vllm", scraped_at_s=5.0)
     assert list(out) == ["tiny"]
     s = out["tiny"]
