@@ -4,7 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: all venv build debug annotate test test-compiled test-pure bench-smoke bench lint clean run engines
+.PHONY: all venv build debug annotate test test-compiled test-pure bench-smoke bench lint clean run engines \
+	test-real
 
 all: test
 
@@ -45,6 +46,12 @@ bench-smoke: build
 	$(BIN)/python -m pytest bench --benchmark-disable -q
 
 test: lint test-compiled test-pure bench-smoke
+
+# The real-engine tier: vLLM (CPU build) and a tiny random-weight model, installed once into
+# $${FASTROUTE_REAL_CACHE:-~/.cache/fastroute-real} and reused, then tests/real against them.
+test-real: build
+	bash tests/real/setup_vllm.sh
+	$(BIN)/python -m pytest -m real tests/real $(REAL_ARGS)
 
 # Timed benchmarks (see docs/benchmarks.md for how to read them).
 bench: build

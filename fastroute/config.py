@@ -57,6 +57,7 @@ __all__ = [
     "Priority",
     "PolicyName",
     "Role",
+    "EngineKind",
     "PRIORITIES",
     "POLICY_NAMES",
     "DEFAULT_HARDWARE_CLASSES",
@@ -108,6 +109,7 @@ POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
 
 #: Engine roles: ``both`` serves whole requests; ``prefill``/``decode`` form P/D pools.
 Role = Literal["both", "prefill", "decode"]
+EngineKind = Literal["vllm", "sglang", "llamacpp", "openai"]
 
 #: The built-in hardware profiles' names (:data:`fastroute.hardware.PROFILES`).
 DEFAULT_HARDWARE_CLASSES: tuple[str, ...] = tuple(PROFILES)
@@ -251,6 +253,11 @@ class EngineConfig(_Section):
         no proxy-side cap (the engine's own queue and 429s apply).
     api_key : str, optional
         Bearer token the proxy sends to this engine (engines behind their own auth).
+    kind : {"vllm", "sglang", "llamacpp", "openai"}
+        The engine's software, so its ``/metrics`` dialect: ``vllm`` (also the emulator's
+        default), ``sglang`` (``sglang:*``, started with ``--enable-metrics``), ``llamacpp``
+        (``llamacpp:*``, started with ``--metrics``), or ``openai``: any OpenAI-compatible
+        server, no metrics scraped.
     """
 
     name: Name
@@ -263,6 +270,7 @@ class EngineConfig(_Section):
     capacity_rps: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 10.0
     max_concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
     api_key: ApiKey | None = None
+    kind: EngineKind = "vllm"
 
 
 class TenantConfig(_Section):

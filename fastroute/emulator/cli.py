@@ -1,4 +1,4 @@
-"""``fastroute engine``: run N emulated vLLM engines in one process, one port each.
+"""``fastroute engine``: run N emulated engines (vLLM by default) in one process, one port each.
 
 Heavy imports (aiohttp, uvloop) happen in :func:`run`, so ``fastroute --help``
 stays fast.
@@ -43,6 +43,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM metric names: current (kv_cache_usage_perc), legacy (gpu_cache_usage_perc)",
     )  # fmt: skip
     parser.add_argument("--load-time-s", type=float, default=0.0, help="/health is 503 this long")
+    real = parser.add_argument_group("behave like a real engine")
+    real.add_argument(
+        "--kind", default="vllm", choices=["vllm", "sglang", "llamacpp"],
+        help="engine to behave like: /metrics dialect, error shape, reasoning delta field",
+    )  # fmt: skip
+    real.add_argument(
+        "--stream-interval", type=int, default=1,
+        help="tokens per SSE event (vLLM --stream-interval; a request's stream_interval wins)",
+    )  # fmt: skip
+    real.add_argument(
+        "--final-empty-delta", action="store_true",
+        help="a stop ends on an empty-text end-of-sequence token, as real engines' do",
+    )  # fmt: skip
+    real.add_argument(
+        "--no-prompt-tokens-details", action="store_true",
+        help="usage.prompt_tokens_details is null (vLLM without --enable-prompt-tokens-details)",
+    )  # fmt: skip
+    real.add_argument(
+        "--reasoning-tokens", type=int, default=0,
+        help="the first N output tokens of a chat answer are reasoning deltas",
+    )  # fmt: skip
     sched = parser.add_argument_group("scheduler")
     sched.add_argument("--max-num-seqs", type=int, default=256)
     sched.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -57,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     faults.add_argument("--error-status", type=int, default=500, choices=[429, 500, 503])
     faults.add_argument("--hang", action="store_true", help="accept requests, never answer")
     faults.add_argument("--crash-after-tokens", type=int, default=None)
+    faults.add_argument(
+        "--stream-error-after-tokens", type=int, default=None,
+        help="break streams off with an in-stream error event after N tokens",
+    )  # fmt: skip
     faults.add_argument("--metrics-delay-s", type=float, default=0.0)
     faults.add_argument("--drain", action="store_true")
     faults.add_argument(
@@ -116,12 +141,15 @@ def _specs(args: argparse.Namespace) -> list:
         error_status=args.error_status,
         hang=args.hang,
         crash_after_tokens=args.crash_after_tokens,
+        stream_error_after_tokens=args.stream_error_after_tokens,
         refuse_connections=args.refuse_for_s is not None,
         refuse_for_s=args.refuse_for_s,
         metrics_delay_s=args.metrics_delay_s,
         drain=args.drain,
     )
     faults.validate()
+    if args.stream_interval < 1 or args.reasoning_tokens < 0:
+        raise ValueError("--stream-interval must be >= 1 and --reasoning-tokens >= 0")
     return fleet_specs(
         args.count,
         base_port=args.base_port,
@@ -137,6 +165,11 @@ def _specs(args: argparse.Namespace) -> list:
         faults=faults,
         metrics_compat=args.metrics_compat,
         load_time_s=args.load_time_s,
+        kind=args.kind,
+        stream_interval=args.stream_interval,
+        final_empty_delta=args.final_empty_delta,
+        prompt_tokens_details=not args.no_prompt_tokens_details,
+        reasoning_tokens=args.reasoning_tokens,
     )
 
 

@@ -11,6 +11,10 @@ field                  effect
 ``crash_after_tokens`` each request's connection is closed abruptly once it has
                        been given this many tokens (mid-stream for SSE; before any
                        byte for JSON)
+``stream_error_after_tokens``  a streamed response breaks off in-stream after this many
+                       tokens as vLLM does when its engine core dies: one
+                       ``data: {"error": {…, "code": 500}}`` event, then ``data: [DONE]``
+                       (HTTP status 200 already sent); JSON responses get that 500
 ``refuse_connections`` the listening socket is closed (connect → ECONNREFUSED) and
                        idle keep-alive connections are dropped; reopened after
                        ``refuse_for_s`` seconds, or when cleared
@@ -38,7 +42,9 @@ logger = logging.getLogger(__name__)
 #: Status codes ``error_status`` may take.
 ERROR_STATUSES = (429, 500, 503)
 #: The ``kind`` label values of ``fastroute_emulator_fault_active``.
-FAULT_KINDS = ("slowdown", "error", "hang", "crash", "refuse", "metrics_delay", "drain")
+FAULT_KINDS = (
+    "slowdown", "error", "hang", "crash", "stream_error", "refuse", "metrics_delay", "drain",
+)  # fmt: skip
 
 
 class FaultState(msgspec.Struct, kw_only=True):
@@ -49,6 +55,7 @@ class FaultState(msgspec.Struct, kw_only=True):
     error_status: int = 500
     hang: bool = False
     crash_after_tokens: int | None = None
+    stream_error_after_tokens: int | None = None
     refuse_connections: bool = False
     refuse_for_s: float | None = None
     metrics_delay_s: float = 0.0
@@ -66,6 +73,10 @@ class FaultState(msgspec.Struct, kw_only=True):
             )
         if self.crash_after_tokens is not None and self.crash_after_tokens < 0:
             raise ValueError(f"crash_after_tokens must be >= 0, got {self.crash_after_tokens}")
+        if self.stream_error_after_tokens is not None and self.stream_error_after_tokens < 0:
+            raise ValueError(
+                f"stream_error_after_tokens must be >= 0, got {self.stream_error_after_tokens}"
+            )
         if self.refuse_for_s is not None and not self.refuse_for_s > 0:
             raise ValueError(f"refuse_for_s must be > 0, got {self.refuse_for_s}")
         if not self.metrics_delay_s >= 0:
@@ -78,6 +89,7 @@ class FaultState(msgspec.Struct, kw_only=True):
             "error": self.error_rate > 0.0,
             "hang": self.hang,
             "crash": self.crash_after_tokens is not None,
+            "stream_error": self.stream_error_after_tokens is not None,
             "refuse": self.refuse_connections,
             "metrics_delay": self.metrics_delay_s > 0.0,
             "drain": self.drain,
@@ -92,6 +104,7 @@ class FaultUpdate(msgspec.Struct, forbid_unknown_fields=True):
     error_status: int | msgspec.UnsetType = msgspec.UNSET
     hang: bool | msgspec.UnsetType = msgspec.UNSET
     crash_after_tokens: int | None | msgspec.UnsetType = msgspec.UNSET
+    stream_error_after_tokens: int | None | msgspec.UnsetType = msgspec.UNSET
     refuse_connections: bool | msgspec.UnsetType = msgspec.UNSET
     refuse_for_s: float | None | msgspec.UnsetType = msgspec.UNSET
     metrics_delay_s: float | msgspec.UnsetType = msgspec.UNSET
@@ -123,8 +136,8 @@ class FaultController:
         self.engine_name = engine_name
         self.state = FaultState()
         self._rng = random.Random(seed)
-        #: Injected faults by kind ("error", "hang", "crash"), cumulative.
-        self.injected_total: dict[str, int] = {"error": 0, "hang": 0, "crash": 0}
+        #: Injected faults by kind ("error", "hang", "crash", "stream_error"), cumulative.
+        self.injected_total: dict[str, int] = {"error": 0, "hang": 0, "crash": 0, "stream_error": 0}
         if initial is not None:
             self.apply(msgspec.structs.asdict(initial))
 

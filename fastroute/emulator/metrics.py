@@ -14,6 +14,12 @@ lock: everything runs on the event loop thread). Names, label names
 * ``"legacy"`` (vLLM ≤ 0.8): ``vllm:gpu_cache_usage_perc``,
   ``vllm:time_per_output_token_seconds``;
 * ``"both"`` (vLLM 0.9–0.10 exposes both while deprecating the old ones).
+
+``kind`` picks the engine whose dialect to write: ``"vllm"`` (the above), ``"sglang"``
+(``sglang:num_running_reqs``, ``num_queue_reqs``, ``token_usage``, ``cache_hit_rate``, the
+token counters, the TTFT / inter-token / e2e histograms, labelled ``model_name``) or
+``"llamacpp"`` (``llamacpp:requests_processing``, ``requests_deferred``, the token counters: no
+histograms, no labels). The ``fastroute_emulator_*`` metrics come with every kind.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ __all__ = [
     "ITL_BUCKETS_S",
     "E2E_BUCKETS_S",
     "COMPAT_CHOICES",
+    "KIND_CHOICES",
 ]
 
 #: vLLM's ``vllm:time_to_first_token_seconds`` buckets.
@@ -58,6 +65,7 @@ E2E_BUCKETS_S = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 COMPAT_CHOICES = ("current", "legacy", "both")
+KIND_CHOICES = ("vllm", "sglang", "llamacpp")
 
 
 class Histogram:
@@ -109,6 +117,8 @@ class EngineMetrics(Collector):
         Read at scrape time for ``fastroute_emulator_fault_active``.
     compat : {"current", "legacy", "both"}
         Which generation of vLLM metric names to expose.
+    kind : {"vllm", "sglang", "llamacpp"}
+        Which engine's metric dialect to write.
     info : dict of str to str, optional
         Labels of ``fastroute_emulator_info`` (engine name, profile, role, region).
     """
@@ -120,10 +130,14 @@ class EngineMetrics(Collector):
         faults: FaultController,
         *,
         compat: str = "current",
+        kind: str = "vllm",
         info: dict[str, str] | None = None,
     ) -> None:
         if compat not in COMPAT_CHOICES:
             raise ValueError(f"compat must be one of {COMPAT_CHOICES}, got {compat!r}")
+        if kind not in KIND_CHOICES:
+            raise ValueError(f"kind must be one of {KIND_CHOICES}, got {kind!r}")
+        self.kind = kind
         self.model_name = model_name
         self.model = model
         self.faults = faults
@@ -142,6 +156,64 @@ class EngineMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield every metric (called by the registry at scrape time)."""
+        if self.kind == "sglang":
+            yield from self._sglang_metrics()
+        elif self.kind == "llamacpp":
+            yield from self._llamacpp_metrics()
+        else:
+            yield from self._vllm_metrics()
+        yield from self._emulator_metrics()
+
+    def _sglang_metrics(self) -> Iterator[Metric]:
+        m = self.model
+        labels, values = ["model_name"], [self.model_name]
+        queries = m.prefix_cache_queries_total
+        scalars = (
+            (GaugeMetricFamily, "sglang:num_running_reqs", "The number of running requests.",
+             m.num_running),
+            (GaugeMetricFamily, "sglang:num_queue_reqs",
+             "The number of requests in the waiting queue.", m.num_waiting),
+            (GaugeMetricFamily, "sglang:token_usage", "The token usage.", m.kv_usage),
+            (GaugeMetricFamily, "sglang:cache_hit_rate", "The prefix cache hit rate.",
+             m.prefix_cache_hits_total / queries if queries else 0.0),
+            (CounterMetricFamily, "sglang:prompt_tokens", "Number of prefill tokens processed.",
+             m.prompt_tokens_total),
+            (CounterMetricFamily, "sglang:generation_tokens",
+             "Number of generation tokens processed.", m.generation_tokens_total),
+            (CounterMetricFamily, "sglang:cached_tokens", "Number of cached prompt tokens.",
+             m.prefix_cache_hits_total),
+            (CounterMetricFamily, "sglang:num_retracted_requests",
+             "Total number of retracted requests.", m.num_preemptions_total),
+        )  # fmt: skip
+        for family, name, doc, value in scalars:
+            fam = family(name, doc, labels=labels)
+            fam.add_metric(values, value)
+            yield fam
+        for hist, name, doc in (
+            (self.ttft, "sglang:time_to_first_token_seconds",
+             "Histogram of time to first token in seconds."),
+            (self.itl, "sglang:inter_token_latency_seconds",
+             "Histogram of inter-token latency in seconds."),
+            (self.e2e, "sglang:e2e_request_latency_seconds",
+             "Histogram of End-to-end request latency in seconds"),
+        ):  # fmt: skip
+            yield hist.family(name, doc, labels, values)
+
+    def _llamacpp_metrics(self) -> Iterator[Metric]:
+        m = self.model
+        for family, name, doc, value in (
+            (CounterMetricFamily, "llamacpp:prompt_tokens", "Number of prompt tokens processed.",
+             m.prompt_tokens_total),
+            (CounterMetricFamily, "llamacpp:tokens_predicted",
+             "Number of generation tokens processed.", m.generation_tokens_total),
+            (GaugeMetricFamily, "llamacpp:requests_processing", "Number of requests processing.",
+             m.num_running),
+            (GaugeMetricFamily, "llamacpp:requests_deferred", "Number of requests deferred.",
+             m.num_waiting),
+        ):  # fmt: skip
+            yield family(name, doc, value=value)
+
+    def _vllm_metrics(self) -> Iterator[Metric]:
         m = self.model
         labels = ["model_name", "engine"]
         values = [self.model_name, "0"]
@@ -243,7 +315,6 @@ class EngineMetrics(Collector):
             labels,
             values,
         )
-        yield from self._emulator_metrics()
 
     def _emulator_metrics(self) -> Iterator[Metric]:
         active = self.faults.state.active()

@@ -2,12 +2,18 @@
 
 Requests are decoded with msgspec into Structs holding only the fields the
 emulator uses; unknown fields are accepted and ignored, as vLLM does. Errors use
-vLLM's ``ErrorResponse`` shape::
+vLLM's ``ErrorResponse`` shape (llama.cpp's is the same)::
 
     {"error": {"message": str, "type": str, "param": str | null, "code": int}}
 
 where ``code`` is the HTTP status and ``type`` names the error class
-(``BadRequestError``, ``NotFoundError``, …).
+(``BadRequestError``, ``NotFoundError``, …); SGLang's is flat (:func:`error_body` with
+``flat=True``)::
+
+    {"object": "error", "message": str, "type": str, "param": str | null, "code": int}
+
+An error in the middle of a stream (vLLM, when its engine core dies) is the nested shape as one
+``data:`` event, then ``data: [DONE]`` (:func:`stream_error_event`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ __all__ = [
     "RequestError",
     "ERROR_TYPES",
     "error_body",
+    "stream_error_event",
     "decode_chat",
     "decode_completion",
     "usage_dict",
@@ -55,18 +62,20 @@ class RequestError(Exception):
         self.param = param
 
 
-def error_body(status: int, message: str, param: str | None = None) -> bytes:
-    """Encode a vLLM ``ErrorResponse``."""
-    return _encode(
-        {
-            "error": {
-                "message": message,
-                "type": ERROR_TYPES.get(status, "InternalServerError"),
-                "param": param,
-                "code": status,
-            }
-        }
-    )
+def error_body(status: int, message: str, param: str | None = None, *, flat: bool = False) -> bytes:
+    """Encode a vLLM ``ErrorResponse`` (``flat``: SGLang's, without the ``error`` wrapper)."""
+    error = {
+        "message": message,
+        "type": ERROR_TYPES.get(status, "InternalServerError"),
+        "param": param,
+        "code": status,
+    }
+    return _encode({"object": "error", **error} if flat else {"error": error})
+
+
+def stream_error_event(message: str, status: int = 500) -> bytes:
+    """An in-stream error as vLLM writes it: the error event, then ``[DONE]``."""
+    return b"data: " + error_body(status, message) + b"\n\n" + SSE_DONE
 
 
 class StreamOptions(msgspec.Struct):
@@ -85,6 +94,10 @@ class _Common(msgspec.Struct):
     ignore_eos: bool = False
     n: int | None = 1
     kv_transfer_params: dict[str, Any] | None = None
+    #: vLLM: tokens per SSE event for this request (the server's ``--stream-interval`` if unset)
+    stream_interval: int | None = None
+    #: llama.cpp: prompt-progress events before the first token
+    return_progress: bool = False
 
 
 class ChatCompletionRequest(_Common):
@@ -114,6 +127,12 @@ def _check_common(req: _Common) -> None:
     if req.min_tokens < 0:
         raise RequestError(
             400, f"min_tokens must be at least 0, got {req.min_tokens}.", "min_tokens"
+        )
+    if req.stream_interval is not None and req.stream_interval < 1:
+        raise RequestError(
+            400,
+            f"stream_interval must be greater than or equal to 1, got {req.stream_interval}.",
+            "stream_interval",
         )
     if req.max_tokens is not None and req.min_tokens > req.max_tokens:
         raise RequestError(
@@ -172,13 +191,18 @@ def decode_completion(body: bytes) -> CompletionRequest:
     return req
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """The ``usage`` object, with ``prompt_tokens_details.cached_tokens``."""
+def usage_dict(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None
+) -> dict[str, Any]:
+    """The ``usage`` object, with ``prompt_tokens_details.cached_tokens`` (null when None:
+    vLLM started without ``--enable-prompt-tokens-details``)."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": (
+            None if cached_tokens is None else {"cached_tokens": cached_tokens}
+        ),
     }
 
 
@@ -222,11 +246,13 @@ class ChunkEncoder:
             self._prefix = b"data: " + self._head + b',"choices":[{"index":0,"text":'
             self._suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
 
-    def role(self) -> bytes:
-        """The first chat chunk: ``delta`` with the assistant role and empty content."""
+    def role(self, usage: dict[str, Any] | None = None) -> bytes:
+        """The first chat chunk: ``delta`` with the assistant role and empty content (and the
+        ``usage`` so far, with ``continuous_usage_stats``)."""
+        tail = b"" if usage is None else b',"usage":' + _encode(usage)
         return (
             b"data: " + self._head + b',"choices":[{"index":0,"delta":{"role":"assistant",'
-            b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+            b'"content":""},"logprobs":null,"finish_reason":null}]' + tail + b"}\n\n"
         )
 
     def token(self, text: str) -> bytes:
@@ -248,3 +274,42 @@ class ChunkEncoder:
     def usage(self, usage: dict[str, Any]) -> bytes:
         """The final ``stream_options.include_usage`` chunk: no choices, the usage."""
         return b"data: " + self._head + b',"choices":[],"usage":' + _encode(usage) + b"}\n\n"
+
+    def event(
+        self,
+        text: str,
+        *,
+        field: str = "content",
+        finish_reason: str | None = None,
+        usage: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> bytes:
+        """Any chunk: ``text`` in delta ``field`` (``content``, or ``reasoning`` /
+        ``reasoning_content`` for reasoning tokens; ``text`` for completions), with its
+        ``finish_reason``, per-chunk ``usage`` (``continuous_usage_stats``) and top-level
+        ``extra``. Slower than :meth:`token`; used when one of those is needed."""
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {field: text}, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        choice["finish_reason"] = finish_reason
+        if finish_reason is not None or not self.chat:
+            choice["stop_reason"] = None
+        tail = b""
+        if usage is not None:
+            tail += b',"usage":' + _encode(usage)
+        if extra:
+            tail += b"," + _encode(extra)[1:-1]
+        return b"data: " + self._head + b',"choices":[' + _encode(choice) + b"]" + tail + b"}\n\n"
+
+    def progress(self, total: int, cache: int, processed: int, time_ms: int) -> bytes:
+        """llama.cpp's ``return_progress`` chunk: an empty assistant delta and
+        ``prompt_progress``."""
+        choice = b'{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}'
+        progress = _encode(
+            {"total": total, "cache": cache, "processed": processed, "time_ms": time_ms}
+        )
+        return (
+            b"data: " + self._head + b',"choices":[' + choice + b'],"prompt_progress":'
+            + progress + b"}\n\n"
+        )  # fmt: skip

@@ -60,6 +60,7 @@ from fastroute.emulator.protocol import (
     decode_chat,
     decode_completion,
     error_body,
+    stream_error_event,
     usage_dict,
 )
 from fastroute.hardware import get_profile
@@ -73,12 +74,21 @@ __all__ = [
     "TokenChannel",
     "fleet_specs",
     "ROLES",
+    "KINDS",
     "DEFAULT_MODEL_NAME",
 ]
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("both", "prefill", "decode")
+#: Engine software the emulator can behave like (``/metrics`` dialect, error shape, reasoning).
+KINDS = ("vllm", "sglang", "llamacpp")
+#: The delta field of reasoning tokens, per kind.
+REASONING_FIELD = {
+    "vllm": "reasoning",
+    "sglang": "reasoning_content",
+    "llamacpp": "reasoning_content",
+}
 DEFAULT_MODEL_NAME = "meta-llama/Meta-Llama-3-8B-Instruct"
 _LOOPBACK = frozenset({"127.0.0.1", "::1"})
 #: A step may start at the previous step's end (not "now") if the loop woke this late:
@@ -129,6 +139,26 @@ class EngineSpec:
         ``/health`` answers 503 (and requests 503) for this long after start.
     output_lengths : OutputLengthDistribution
         Output lengths of requests without ``ignore_eos``.
+    kind : {"vllm", "sglang", "llamacpp"}
+        Which engine to behave like: its ``/metrics`` dialect (``vllm:*``, ``sglang:*``,
+        ``llamacpp:*``; ``metrics_compat`` applies to vLLM's), its error shape (SGLang's is
+        flat) and its reasoning delta field (vLLM ``reasoning``, the others
+        ``reasoning_content``); llama.cpp engines also answer ``return_progress``.
+    stream_interval : int
+        Tokens per SSE event (vLLM's ``--stream-interval``; a request's ``stream_interval``
+        overrides it): the first token goes alone, then one event per ``stream_interval``
+        tokens, the last event with what is left.
+    final_empty_delta : bool
+        A request that ends on ``stop`` ends on an end-of-sequence token whose text is empty,
+        as real engines' do: with one token per event the last event is an empty delta
+        carrying the ``finish_reason``. Off by default (the emulator's "stop" token has text).
+    prompt_tokens_details : bool
+        ``usage.prompt_tokens_details.cached_tokens`` in responses. On by default; a real vLLM
+        reports it only when started with ``--enable-prompt-tokens-details`` (else the field
+        is null).
+    reasoning_tokens : int
+        The first this many output tokens of a chat response are reasoning (``delta.reasoning``
+        or ``reasoning_content``; ``message.reasoning``... in JSON), the rest content.
     """
 
     name: str = "engine-0"
@@ -146,6 +176,11 @@ class EngineSpec:
     max_body_bytes: int = 4 * 1024 * 1024
     load_time_s: float = 0.0
     output_lengths: OutputLengthDistribution = field(default_factory=OutputLengthDistribution)
+    kind: str = "vllm"
+    stream_interval: int = 1
+    final_empty_delta: bool = False
+    prompt_tokens_details: bool = True
+    reasoning_tokens: int = 0
 
 
 class TokenChannel:
@@ -223,6 +258,13 @@ class EmulatedEngine:
     def __init__(self, spec: EngineSpec) -> None:
         if spec.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {spec.role!r}")
+        if spec.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {spec.kind!r}")
+        if spec.stream_interval < 1 or spec.reasoning_tokens < 0:
+            raise ValueError(
+                f"stream_interval must be >= 1 and reasoning_tokens >= 0, got "
+                f"{spec.stream_interval} and {spec.reasoning_tokens}"
+            )
         self.spec = spec
         self.name = spec.name
         self.engine_id = f"{spec.name}-{uuid.uuid4().hex[:12]}"
@@ -235,6 +277,7 @@ class EmulatedEngine:
             self.model,
             self.faults,
             compat=spec.metrics_compat,
+            kind=spec.kind,
             info={
                 "engine_name": spec.name,
                 "profile": self.profile.name,
@@ -435,7 +478,7 @@ class EmulatedEngine:
             headers["Retry-After"] = "1"
         return web.Response(
             status=status,
-            body=error_body(status, message, param),
+            body=error_body(status, message, param, flat=self.spec.kind == "sglang"),
             content_type="application/json",
             headers=headers,
         )
@@ -756,6 +799,27 @@ class EmulatedEngine:
             }
         }
 
+    def _token_text(self, output_seed: int, index: int, mreq: Request) -> str:
+        """Output token ``index``'s text; the end-of-sequence token of a ``stop`` is empty."""
+        if (
+            self.spec.final_empty_delta
+            and mreq.finish_reason == "stop"
+            and index == mreq.output_tokens - 1
+        ):
+            return ""
+        return output_token_text(output_seed, index)
+
+    def _usage(self, mreq: Request, completion_tokens: int) -> dict[str, Any]:
+        cached = mreq.num_cached_tokens if self.spec.prompt_tokens_details else None
+        return usage_dict(mreq.num_prompt_tokens, completion_tokens, cached)
+
+    def _stream_error_due(self, given: int) -> bool:
+        limit = self.faults.state.stream_error_after_tokens
+        if limit is not None and given >= limit:
+            self.faults.injected_total["stream_error"] += 1
+            return True
+        return False
+
     async def _complete(
         self,
         request: web.Request,
@@ -770,16 +834,22 @@ class EmulatedEngine:
         while True:
             if self._crash_due(given):
                 raise _Abort
+            if self._stream_error_due(given):
+                return self._error(500, _STREAM_ERROR_MESSAGE)
             await channel.wait()
             if channel.aborted:
                 raise _Abort
             given += channel.take()
             if channel.finished:
                 break
-        text = "".join(output_token_text(output_seed, i) for i in range(given))
+        texts = [self._token_text(output_seed, i, mreq) for i in range(given)]
+        thinking = min(self.spec.reasoning_tokens, given) if chat else 0
+        text = "".join(texts[thinking:])
         choice: dict[str, Any] = {"index": 0}
         if chat:
             choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+            if thinking:
+                choice["message"][REASONING_FIELD[self.spec.kind]] = "".join(texts[:thinking])
         else:
             choice["text"] = text
         choice.update(logprobs=None, finish_reason=mreq.finish_reason, stop_reason=None)
@@ -789,7 +859,7 @@ class EmulatedEngine:
             "created": int(time.time()),
             "model": self.spec.model_name,
             "choices": [choice],
-            "usage": usage_dict(mreq.num_prompt_tokens, given, mreq.num_cached_tokens),
+            "usage": self._usage(mreq, given),
         }
         extra = self._final_extra(mreq)
         if extra:
@@ -819,6 +889,9 @@ class EmulatedEngine:
         )
         await resp.prepare(request)
         enc = ChunkEncoder(chat, response_id, int(time.time()), self.spec.model_name)
+        events = _StreamEvents(self, parsed, mreq, chat, enc)
+        if chat and parsed.return_progress and self.spec.kind == "llamacpp":
+            await resp.write(events.progress())
         target = mreq.output_tokens
         given = 0
         while given < target:
@@ -834,23 +907,106 @@ class EmulatedEngine:
                     if parts:
                         await resp.write(b"".join(parts))
                     raise _Abort
-                text = output_token_text(output_seed, given)
-                if given == 0 and chat:
-                    parts.append(enc.role())
+                if self._stream_error_due(given):
+                    parts.append(events.flush() + stream_error_event(_STREAM_ERROR_MESSAGE))
+                    await resp.write(b"".join(parts))
+                    await resp.write_eof()
+                    return resp
+                events.add(self._token_text(output_seed, given, mreq), given, parts)
                 given += 1
-                if given == target:
-                    parts.append(enc.last(text, mreq.finish_reason, self._final_extra(mreq)))
-                else:
-                    parts.append(enc.token(text))
             if parts:
                 await resp.write(b"".join(parts))
         opts = parsed.stream_options
         tail = b""
         if opts is not None and opts.include_usage:
-            tail = enc.usage(usage_dict(mreq.num_prompt_tokens, given, mreq.num_cached_tokens))
+            tail = enc.usage(self._usage(mreq, given))
         await resp.write(tail + SSE_DONE)
         await resp.write_eof()
         return resp
+
+
+#: What a real vLLM says in-stream when its engine core dies.
+_STREAM_ERROR_MESSAGE = (
+    "EngineCore encountered an issue. See stack trace (above) for the root cause."
+)
+
+
+class _StreamEvents:
+    """Groups one streamed response's tokens into SSE events as the engine would.
+
+    The first token goes alone; then an event per ``stream_interval`` tokens (the request's, else
+    the engine's); reasoning and content tokens never share an event; the last token's event
+    carries the ``finish_reason``. The per-token fast path (:meth:`ChunkEncoder.token`) is kept
+    for plain content without per-chunk usage.
+    """
+
+    __slots__ = ("engine", "mreq", "chat", "enc", "interval", "continuous", "thinking", "pending",
+                 "pending_field")  # fmt: skip
+
+    def __init__(
+        self, engine: EmulatedEngine, parsed: Any, mreq: Request, chat: bool, enc: ChunkEncoder
+    ) -> None:
+        self.engine = engine
+        self.mreq = mreq
+        self.chat = chat
+        self.enc = enc
+        self.interval = parsed.stream_interval or engine.spec.stream_interval
+        opts = parsed.stream_options
+        self.continuous = bool(opts and opts.include_usage and opts.continuous_usage_stats)
+        self.thinking = engine.spec.reasoning_tokens if chat else 0
+        self.pending: list[str] = []
+        self.pending_field = "content"
+
+    def _usage(self, given: int) -> dict[str, Any] | None:
+        return self.engine._usage(self.mreq, given) if self.continuous else None
+
+    def progress(self) -> bytes:
+        """llama.cpp's prompt-progress events: the cached part, then the whole prompt."""
+        m = self.mreq
+        return self.enc.progress(
+            m.num_prompt_tokens, m.num_cached_tokens, m.num_cached_tokens, 0
+        ) + (self.enc.progress(m.num_prompt_tokens, m.num_cached_tokens, m.num_prompt_tokens, 1))
+
+    def add(self, text: str, index: int, parts: list[bytes]) -> None:
+        """Token ``index`` (0-based) with ``text``: append the events it completes to ``parts``."""
+        if index == 0 and self.chat:
+            parts.append(self.enc.role(self._usage(0)))
+        fld = REASONING_FIELD[self.engine.spec.kind] if index < self.thinking else "content"
+        if self.pending and fld != self.pending_field:
+            parts.append(self.flush(index))
+        self.pending.append(text)
+        self.pending_field = fld
+        given = index + 1
+        if given == self.mreq.output_tokens:
+            parts.append(self._last(given))
+        elif given == 1 or len(self.pending) >= self.interval:
+            parts.append(self.flush(given))
+
+    def flush(self, given: int | None = None) -> bytes:
+        """The event of the tokens not yet written (``b""`` if none)."""
+        if not self.pending:
+            return b""
+        text = "".join(self.pending)
+        self.pending.clear()
+        usage = None if given is None else self._usage(given)
+        if self.pending_field == "content" and usage is None:
+            return self.enc.token(text)
+        return self.enc.event(text, field=self.pending_field, usage=usage)
+
+    def _last(self, given: int) -> bytes:
+        text = "".join(self.pending)
+        self.pending.clear()
+        extra = self.engine._final_extra(self.mreq)
+        usage = self._usage(given)
+        if self.pending_field == "content" and usage is None:
+            return self.enc.last(text, self.mreq.finish_reason, extra)
+        return self.enc.event(
+            text,
+            field=self.pending_field,
+            finish_reason=self.mreq.finish_reason,
+            usage=usage,
+            extra=extra,
+        )
 
 
 def _dumps(obj: Any) -> str:

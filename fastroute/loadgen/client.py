@@ -26,6 +26,8 @@ ENGINE_HEADER = "x-fastroute-engine"
 
 class _Delta(msgspec.Struct):
     content: str | None = None
+    reasoning: str | None = None  # vLLM's reasoning parsers
+    reasoning_content: str | None = None  # SGLang's (and older vLLM's)
 
 
 class _ChunkChoice(msgspec.Struct):
@@ -91,7 +93,11 @@ def _apply_usage(record: RequestRecord, usage: _Usage | None) -> None:
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, t_sent: float) -> str:
-    """Consume an SSE body; set ttft/tbot/tokens on ``record``; return the reply text."""
+    """Consume an SSE body; set ttft/tbot/tokens on ``record``; return the reply text.
+
+    An event whose delta carries text (``content``) or reasoning (``reasoning``, vLLM;
+    ``reasoning_content``, SGLang) counts as a token; the reply is the content alone.
+    """
     parts: list[str] = []
     first = last = 0.0
     max_gap = 0.0
@@ -115,9 +121,13 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, t_se
         if chunk.error is not None:
             raise _StreamError(str(chunk.error.get("message", chunk.error))[:200])
         for choice in chunk.choices:
-            text = choice.delta.content if choice.delta is not None else choice.text
+            delta = choice.delta
+            text = delta.content if delta is not None else choice.text
+            # reasoning tokens are output tokens too: the first of any kind is the TTFT
+            thought = delta.reasoning or delta.reasoning_content if delta is not None else None
             if text:
                 parts.append(text)
+            if text or thought:
                 if tokens == 0:
                     first = now
                 else:

@@ -54,7 +54,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     ttft_s, tbot_s, max_gap_s, e2e_s : float or None
         Client-side latencies, seconds (see the module doc).
     output_tokens : int
-        Output tokens received (content chunks when streaming, ``usage`` otherwise).
+        Output tokens received (content or reasoning chunks when streaming, ``usage``
+        otherwise).
     prompt_tokens, cached_tokens : int or None
         From the response's ``usage`` when present (``prompt_tokens_details``).
     """

@@ -1,7 +1,9 @@
 """The signal path (DESIGN.md §4): engine ``/metrics`` parsing and data-plane reports.
 
-* :mod:`fastroute.signals.vllm`: vLLM Prometheus text → :class:`EngineSignals`,
+* :mod:`fastroute.signals.vllm`: engine Prometheus text → :class:`EngineSignals`,
   and window math over cumulative histograms;
+* :mod:`fastroute.signals.dialects`: the metric names of each engine kind (vLLM, SGLang,
+  llama.cpp);
 * :mod:`fastroute.signals.reports`: the data plane's per-window :class:`Report`
   (msgpack), and the :class:`DemandAggregator` the request path feeds;
 * :mod:`fastroute.signals.histogram`: the mergeable log-bucket latency histogram;
@@ -12,6 +14,7 @@ Builds on ``msgspec``, ``prometheus_client``, ``aiohttp`` (``scrape`` only) and
 :mod:`fastroute.errors` only, so the controller can import it.
 """
 
+from fastroute.signals.dialects import ENGINE_KINDS, MetricDialect, dialect_for
 from fastroute.signals.histogram import LogHistogram
 from fastroute.signals.reports import (
     REPORT_VERSION,
@@ -33,10 +36,14 @@ from fastroute.signals.vllm import (
     bucket_quantile,
     histogram_window,
     merge_signals,
+    parse_engine_metrics,
     parse_vllm_metrics,
 )
 
 __all__ = [
+    "ENGINE_KINDS",
+    "MetricDialect",
+    "dialect_for",
     "LogHistogram",
     "REPORT_VERSION",
     "ClassDemand",
@@ -55,5 +62,6 @@ __all__ = [
     "bucket_quantile",
     "histogram_window",
     "merge_signals",
+    "parse_engine_metrics",
     "parse_vllm_metrics",
 ]

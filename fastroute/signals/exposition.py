@@ -5,7 +5,8 @@ emulated engine's 150-line ``/metrics``, and the controller parses every engine'
 Engines (vLLM, the emulator) write *plain* text:
 
 * printable ASCII, tabs and ``\\n`` line ends;
-* ``# HELP name …`` and ``# TYPE name type`` comments without ``"`` (other comments are ignored);
+* ``# HELP name …`` and ``# TYPE name type`` comments without ``"`` (other comments are ignored),
+  ``type`` one of ``counter``, ``gauge``, ``histogram``, ``summary``, ``untyped``;
 * samples ``name value`` or ``name{label="value",…} value``, optionally `` timestamp`` (integer
   milliseconds), separated by single spaces, label values without ``\\`` or ``"``, label names
   neither reserved (``__…``) nor repeated;
@@ -33,6 +34,8 @@ _SAMPLE = re.compile(
     rf"({_NAME})(?:\{{((?:{_PAIR_SRC}(?:,{_PAIR_SRC})*)?)\}})? ({_VALUE})(?: [+-]?[0-9]{{1,18}})?"
 )
 _METRIC_NAME = re.compile(_NAME)
+#: ``# TYPE`` values of the plain subset (anything else: the full parser accepts or rejects it).
+_PLAIN_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
 
 
@@ -68,9 +71,11 @@ def plain_samples(text: str, prefix: str) -> list[tuple[str, dict[str, str], str
             if len(parts) < 2 or parts[1] not in ("HELP", "TYPE"):
                 continue
             if parts[1] == "TYPE" and (
-                len(parts) < 4 or (parts[3] == "counter" and not parts[2].endswith("_total"))
+                len(parts) < 4
+                or parts[3] not in _PLAIN_TYPES
+                or (parts[3] == "counter" and not parts[2].endswith("_total"))
             ):
-                return None  # an error, or samples the full parser renames
+                return None  # an error, another type, or samples the full parser renames
             if len(parts) > 2 and _METRIC_NAME.fullmatch(parts[2]) is None:
                 return None
             continue

@@ -3,14 +3,18 @@
 :class:`EngineScraper` fetches every engine's ``/metrics`` (and, with ``health=True``, its
 ``/health``) concurrently, at most ``max_concurrency`` engines at once, each engine bounded by
 ``timeout_s`` (requests, body read and parsing) and its body by :data:`MAX_METRICS_BYTES`. The text
-is parsed by :func:`~fastroute.signals.vllm.parse_vllm_metrics` (both vLLM metric generations) in
-a thread, so the event loop never waits on it. :meth:`EngineScraper.run` repeats a round every
-``interval_s`` until cancelled; the scraper has its own HTTP session and connection pool.
+is parsed by :func:`~fastroute.signals.vllm.parse_engine_metrics` in the dialect of the engine's
+kind (``engines[].kind``: vLLM, SGLang, llama.cpp; an ``openai`` engine's ``/metrics`` is not
+fetched) in a thread, so the event loop never waits on it. :meth:`EngineScraper.run` repeats a
+round every ``interval_s`` until cancelled; the scraper has its own HTTP session and pool.
 
 What the rounds say about one engine is kept in its :class:`EngineScrape`: the last good signals
 (with their timestamp, so their age), ``/health``, the last error and counters. A failed scrape
-keeps the last good signals (their age grows). Users that do more with each good scrape pass a
-subclass whose :meth:`EngineScrape.absorb` does it (the controller's windows,
+keeps the last good signals (their age grows). So does a scrape that finds no metric of the
+engine's dialect: it is no signal (an error: is the kind right?), never an empty one. An engine
+whose ``/metrics`` answers 404 or 501 has its metrics turned off: that is said once, with the
+flag that turns them on, and is not counted as a failed scrape. Users that do more with each good
+scrape pass a subclass whose :meth:`EngineScrape.absorb` does it (the controller's windows,
 :mod:`controller.scrape`); the proxy reads the results as they are
 (:mod:`fastroute.proxy.background.scraper`).
 """
@@ -26,11 +30,12 @@ from typing import Generic, Protocol, TypeVar
 
 import aiohttp
 
+from fastroute.signals.dialects import dialect_for
 from fastroute.signals.vllm import (
     EngineSignals,
     MetricsParseError,
     merge_signals,
-    parse_vllm_metrics,
+    parse_engine_metrics,
 )
 
 __all__ = [
@@ -47,6 +52,16 @@ log = logging.getLogger(__name__)
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 #: Largest ``/health`` body read.
 MAX_HEALTH_BYTES = 64 * 1024
+#: ``/metrics`` statuses that mean "the engine's metrics are turned off", not a failure.
+METRICS_DISABLED_STATUSES = frozenset({404, 501})
+
+
+class _MetricsDisabled(Exception):
+    """``/metrics`` answered one of :data:`METRICS_DISABLED_STATUSES`."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 class ScrapeTarget(Protocol):
@@ -67,6 +82,11 @@ class ScrapeTarget(Protocol):
         """Bearer token sent with each request, if any."""
         ...
 
+    @property
+    def kind(self) -> str:
+        """Engine kind, the dialect of its ``/metrics`` (:mod:`fastroute.signals.dialects`)."""
+        ...
+
 
 @dataclass(slots=True)
 class EngineScrape:
@@ -84,6 +104,8 @@ class EngineScrape:
         ``/health`` answered 200 at the last scrape that asked (None: never answered).
     error : str or None
         The last scrape's error; None if it succeeded.
+    metrics_disabled : bool
+        The last scrape found the engine's metrics turned off (``/metrics`` answered 404 or 501).
     scrapes_total, errors_total : int
         Scrapes attempted and failed.
     """
@@ -93,6 +115,7 @@ class EngineScrape:
     by_model: dict[str, EngineSignals] | None = None
     healthy: bool | None = None
     error: str | None = None
+    metrics_disabled: bool = False
     scrapes_total: int = 0
     errors_total: int = 0
 
@@ -178,22 +201,54 @@ class EngineScraper(Generic[R]):
 
     async def _fetch(self, engine: ScrapeTarget, result: R) -> dict[str, EngineSignals]:
         started = time.monotonic()
-        gets = [self._get(engine, "/metrics", MAX_METRICS_BYTES)]
+        dialect = dialect_for(engine.kind)
+        gets = []
+        if dialect.has_metrics:
+            gets.append(self._get(engine, "/metrics", MAX_METRICS_BYTES))
         if self.health:
             gets.append(self._get(engine, "/health", MAX_HEALTH_BYTES))
-        (status, body), *health = await asyncio.gather(*gets)
-        if health:
-            result.healthy = health[0][0] == 200
+        answers = await asyncio.gather(*gets)
+        if self.health:
+            result.healthy = answers.pop()[0] == 200
+        if not dialect.has_metrics:
+            return {}
+        status, body = answers[0]
+        if status in METRICS_DISABLED_STATUSES:
+            raise _MetricsDisabled(status)
         if status != 200:
             raise MetricsParseError(f"/metrics answered HTTP {status}")
         if len(body) > MAX_METRICS_BYTES:
             raise MetricsParseError(f"/metrics is over {MAX_METRICS_BYTES} bytes")
-        return await asyncio.to_thread(
-            parse_vllm_metrics,
+        by_model = await asyncio.to_thread(
+            parse_engine_metrics,
             body.decode("utf-8", errors="replace"),
+            dialect.kind,
             scraped_at_s=self.clock(),
             scrape_duration_s=time.monotonic() - started,
         )
+        if not by_model:
+            raise MetricsParseError(
+                f"/metrics has no {dialect.kind} metric (is engines[].kind right?)"
+            )
+        return by_model
+
+    def _fail(self, engine: ScrapeTarget, result: R, text: str) -> None:
+        result.errors_total += 1
+        if text != result.error:  # log changes, not every failed round
+            log.info("scrape of engine %s failed: %s", engine.name, text)
+        result.error = text
+
+    def _disabled(self, engine: ScrapeTarget, result: R, status: int) -> None:
+        if not result.metrics_disabled:  # said once, not every round
+            log.warning(
+                "engine %s has its metrics turned off (/metrics answered HTTP %d): %s; "
+                "routing goes on without its load signals",
+                engine.name,
+                status,
+                dialect_for(engine.kind).enable_hint,
+            )
+        result.metrics_disabled = True
+        result.error = None
 
     async def _scrape(self, engine: ScrapeTarget, result: R) -> None:
         assert self._sem is not None
@@ -203,18 +258,20 @@ class EngineScraper(Generic[R]):
                 by_model = await self._fetch(engine, result)
         except asyncio.CancelledError:
             raise
-        except (aiohttp.ClientError, TimeoutError, OSError, MetricsParseError) as exc:
-            result.errors_total += 1
-            text = (
-                f"timeout after {self.timeout_s:g} s"
-                if isinstance(exc, TimeoutError)
-                else f"{type(exc).__name__}: {exc}"
-            )
-            if text != result.error:  # log changes, not every failed round
-                log.info("scrape of engine %s failed: %s", engine.name, text)
-            result.error = text
+        except _MetricsDisabled as exc:
+            self._disabled(engine, result, exc.status)
             return
-        result.absorb(by_model)
+        except TimeoutError:
+            self._fail(engine, result, f"timeout after {self.timeout_s:g} s")
+            return
+        except (aiohttp.ClientError, OSError, MetricsParseError) as exc:
+            self._fail(engine, result, f"{type(exc).__name__}: {exc}")
+            return
+        result.metrics_disabled = False
+        if by_model:
+            result.absorb(by_model)
+        else:  # a kind without metrics: nothing to keep, nothing wrong
+            result.error = None
 
     async def scrape_once(self) -> None:
         """One round over every engine; returns when each has answered or timed out."""

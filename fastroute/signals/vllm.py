@@ -1,29 +1,16 @@
 """Parse an engine's Prometheus ``/metrics`` text into :class:`EngineSignals` (DESIGN.md §4).
 
-Metrics read (vLLM names; both generations are accepted, the current one wins when
-an engine exposes both):
+:func:`parse_engine_metrics` reads the dialect of each engine kind (vLLM, SGLang, llama.cpp; the
+names and what they mean are in :mod:`fastroute.signals.dialects`); :func:`parse_vllm_metrics` is
+its vLLM case (both vLLM metric generations; the current one wins when an engine exposes both).
 
-========================================================  ===========================
-metric                                                    field
-========================================================  ===========================
-``vllm:num_requests_running``                             ``num_requests_running``
-``vllm:num_requests_waiting``                             ``num_requests_waiting``
-``vllm:kv_cache_usage_perc`` (older
-``vllm:gpu_cache_usage_perc``)                            ``kv_cache_usage`` (0..1)
-``vllm:prefix_cache_queries_total``                       ``prefix_cache_queries_total``
-``vllm:prefix_cache_hits_total``                          ``prefix_cache_hits_total``
-``vllm:num_preemptions_total``                            ``preemptions_total``
-``vllm:time_to_first_token_seconds``                      ``ttft_s`` (histogram)
-``vllm:inter_token_latency_seconds`` (older
-``vllm:time_per_output_token_seconds``)                   ``itl_s`` (histogram)
-``vllm:e2e_request_latency_seconds``                      ``e2e_s`` (histogram)
-========================================================  ===========================
+Series are grouped by their model label (``model_name``; ``""`` when absent). Series of
+one model that differ in other labels (vLLM's ``engine`` label under data parallelism,
+SGLang's ``tp_rank``) are summed, except the ratios (``kv_cache_usage``,
+``prefix_cache_hit_rate``), which are averaged.
 
-Series are grouped by their ``model_name`` label (``""`` when absent). Series of
-one model that differ in other labels (vLLM's ``engine`` label under data
-parallelism) are summed, except ``kv_cache_usage``, which is averaged.
-
-A missing metric is ``None``; malformed text raises :class:`MetricsParseError`. Plain
+A missing metric is ``None``; text with no known metric parses to no signal at all (an empty
+dict); malformed text raises :class:`MetricsParseError`. Plain
 exposition text (what engines write) is read by :mod:`fastroute.signals.exposition`, with the
 result ``prometheus_client``'s parser gives, several times faster; other text by that parser.
 Histograms are cumulative since the engine started: :func:`histogram_window`
@@ -39,6 +26,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from fastroute.errors import FastrouteError
+from fastroute.signals.dialects import VLLM, MetricDialect, dialect_for
 from fastroute.signals.exposition import plain_samples, sample_value
 
 __all__ = [
@@ -46,6 +34,7 @@ __all__ = [
     "CumulativeHistogram",
     "HistogramWindow",
     "EngineSignals",
+    "parse_engine_metrics",
     "parse_vllm_metrics",
     "merge_signals",
     "histogram_window",
@@ -121,6 +110,9 @@ class EngineSignals(msgspec.Struct, kw_only=True):
         Queried prompt tokens, cumulative.
     prefix_cache_hits_total : float or None
         Prompt tokens found in the prefix cache, cumulative.
+    prefix_cache_hit_rate : float or None
+        The engine's own recent prefix-cache hit rate (0..1), for engines that report a rate
+        rather than counters (SGLang's ``cache_hit_rate``).
     preemptions_total : float or None
         Cumulative preemptions.
     ttft_s : CumulativeHistogram or None
@@ -141,6 +133,7 @@ class EngineSignals(msgspec.Struct, kw_only=True):
     kv_cache_usage: float | None = None
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
+    prefix_cache_hit_rate: float | None = None
     preemptions_total: float | None = None
     ttft_s: CumulativeHistogram | None = None
     itl_s: CumulativeHistogram | None = None
@@ -157,25 +150,6 @@ class EngineSignals(msgspec.Struct, kw_only=True):
         return h / q
 
 
-# sample name -> (field, priority); a lower priority wins when both generations appear.
-_SCALARS: dict[str, tuple[str, int]] = {
-    "vllm:num_requests_running": ("num_requests_running", 0),
-    "vllm:num_requests_waiting": ("num_requests_waiting", 0),
-    "vllm:kv_cache_usage_perc": ("kv_cache_usage", 0),
-    "vllm:gpu_cache_usage_perc": ("kv_cache_usage", 1),
-    "vllm:prefix_cache_queries_total": ("prefix_cache_queries_total", 0),
-    "vllm:prefix_cache_hits_total": ("prefix_cache_hits_total", 0),
-    "vllm:num_preemptions_total": ("preemptions_total", 0),
-}
-_HISTOGRAMS: dict[str, tuple[str, int]] = {
-    "vllm:time_to_first_token_seconds": ("ttft_s", 0),
-    "vllm:inter_token_latency_seconds": ("itl_s", 0),
-    "vllm:time_per_output_token_seconds": ("itl_s", 1),
-    "vllm:e2e_request_latency_seconds": ("e2e_s", 0),
-}
-_AVERAGED = frozenset({"kv_cache_usage"})
-
-
 class _HistAcc:
     __slots__ = ("sum", "count", "buckets")
 
@@ -190,55 +164,75 @@ class _HistAcc:
         )
 
 
-def _vllm_samples(text: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
-    """``(name, labels, value)`` of the ``vllm:`` samples, in document order.
+def _samples(text: str, prefix: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
+    """``(name, labels, value)`` of the samples whose name starts with ``prefix``, in order.
 
     Plain text (nearly always) is read by :func:`fastroute.signals.exposition.plain_samples`,
     which yields what the full parser does; anything else goes through ``prometheus_client``
     (which raises on malformed text as the generator is consumed).
     """
-    plain = plain_samples(text, "vllm:")
+    plain = plain_samples(text, prefix)
     if plain is not None:
         for name, labels, value in plain:
             yield name, labels, sample_value(value)
         return
     for family in text_string_to_metric_families(text):
-        if family.name.startswith("vllm:"):
+        if family.name.startswith(prefix):
             for sample in family.samples:
                 yield sample.name, sample.labels, float(sample.value)
 
 
-def parse_vllm_metrics(
-    text: str, *, scraped_at_s: float = 0.0, scrape_duration_s: float = 0.0
+def _model_of(labels: Mapping[str, str], dialect: MetricDialect) -> str:
+    for label in dialect.model_labels:
+        model = labels.get(label)
+        if model is not None:
+            return model
+    return ""
+
+
+def parse_engine_metrics(
+    text: str,
+    kind: str = "vllm",
+    *,
+    scraped_at_s: float = 0.0,
+    scrape_duration_s: float = 0.0,
 ) -> dict[str, EngineSignals]:
-    """Parse an engine's ``/metrics`` text into signals, one per ``model_name``.
+    """Parse the ``/metrics`` text of an engine of kind ``kind`` into signals, one per model.
 
     Parameters
     ----------
     text : str
         Prometheus text exposition format (0.0.4).
+    kind : {"vllm", "sglang", "llamacpp", "openai"}
+        The engine's kind: which dialect (:mod:`fastroute.signals.dialects`) to read.
     scraped_at_s, scrape_duration_s : float
         Copied into every result.
 
     Returns
     -------
     dict of str to EngineSignals
-        Keyed by ``model_name``; empty when the text has no vLLM metric at all.
+        Keyed by model name (``""`` for an engine without a model label); empty when the text
+        has no metric of the dialect at all (always for ``openai``): no signal.
 
     Raises
     ------
     MetricsParseError
         The text is not valid exposition format (a bad line, a non-numeric value).
+    ValueError
+        ``kind`` is not an engine kind.
     """
+    dialect = dialect_for(kind)
+    if not dialect.has_metrics:
+        return {}
     # (model, field) -> (priority, summed value, number of series)
     scalars: dict[tuple[str, str], tuple[int, float, int]] = {}
     hists: dict[tuple[str, str], tuple[int, _HistAcc]] = {}
     models: set[str] = set()
     try:
-        for name, labels, value in _vllm_samples(text):
-            scalar = _SCALARS.get(name)
+        for name, labels, value in _samples(text, dialect.prefix):
+            scalar = dialect.scalars.get(name)
             if scalar is not None:
-                model = labels.get("model_name", "")
+                model = _model_of(labels, dialect)
                 fld, prio = scalar
                 models.add(model)
                 old = scalars.get((model, fld))
@@ -248,10 +242,10 @@ def parse_vllm_metrics(
                     scalars[(model, fld)] = (prio, old[1] + value, old[2] + 1)
                 continue
             base, _, suffix = name.rpartition("_")
-            hist = _HISTOGRAMS.get(base)
+            hist = dialect.histograms.get(base)
             if hist is None or suffix not in ("bucket", "sum", "count"):
                 continue
-            model = labels.get("model_name", "")
+            model = _model_of(labels, dialect)
             fld, prio = hist
             models.add(model)
             cur = hists.get((model, fld))
@@ -260,31 +254,51 @@ def parse_vllm_metrics(
                 hists[(model, fld)] = cur
             elif prio > cur[0]:
                 continue
-            acc = cur[1]
-            if suffix == "sum":
-                acc.sum += value
-            elif suffix == "count":
-                acc.count += value
-            else:
-                le = float(labels.get("le", "nan"))
-                if math.isnan(le):
-                    raise MetricsParseError(f"{name} sample without a valid 'le' label")
-                acc.buckets[le] = acc.buckets.get(le, 0.0) + value
+            _add_histogram_sample(cur[1], name, suffix, labels, value)
     except MetricsParseError:
         raise
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise MetricsParseError(f"malformed Prometheus text: {exc}") from None
-    out: dict[str, EngineSignals] = {}
-    for model in sorted(models):
-        sig = EngineSignals(
+    out = {
+        model: EngineSignals(
             model_name=model, scraped_at_s=scraped_at_s, scrape_duration_s=scrape_duration_s
         )
-        out[model] = sig
+        for model in sorted(models)
+    }
     for (model, fld), (_, total, n) in scalars.items():
-        setattr(out[model], fld, total / n if fld in _AVERAGED else total)
+        setattr(out[model], fld, total / n if fld in dialect.averaged else total)
     for (model, fld), (_, acc) in hists.items():
         setattr(out[model], fld, acc.freeze())
     return out
+
+
+def _add_histogram_sample(
+    acc: _HistAcc, name: str, suffix: str, labels: Mapping[str, str], value: float
+) -> None:
+    if suffix == "sum":
+        acc.sum += value
+    elif suffix == "count":
+        acc.count += value
+    else:
+        le = float(labels.get("le", "nan"))
+        if math.isnan(le):
+            raise MetricsParseError(f"{name} sample without a valid 'le' label")
+        acc.buckets[le] = acc.buckets.get(le, 0.0) + value
+
+
+def parse_vllm_metrics(
+    text: str, *, scraped_at_s: float = 0.0, scrape_duration_s: float = 0.0
+) -> dict[str, EngineSignals]:
+    """:func:`parse_engine_metrics` of a vLLM engine (and of the emulator's default dialect).
+
+    Returns
+    -------
+    dict of str to EngineSignals
+        Keyed by ``model_name``; empty when the text has no vLLM metric at all.
+    """
+    return parse_engine_metrics(
+        text, VLLM.kind, scraped_at_s=scraped_at_s, scrape_duration_s=scrape_duration_s
+    )
 
 
 def _merge_hist(
@@ -303,18 +317,26 @@ def _merge_hist(
 def merge_signals(signals: Sequence[EngineSignals], model_name: str = "") -> EngineSignals:
     """One engine-wide :class:`EngineSignals` from its per-model parts.
 
-    Counts, counters and histograms are summed (histograms bucket by bucket);
-    ``kv_cache_usage`` is averaged over the parts that report it.
+    Counts, counters and histograms are summed (histograms bucket by bucket); the ratios
+    (``kv_cache_usage``, ``prefix_cache_hit_rate``) are averaged over the parts that report them.
 
     Parameters
     ----------
     signals : sequence of EngineSignals
-        Typically ``parse_vllm_metrics(text).values()``.
+        Typically ``parse_engine_metrics(text, kind).values()``; at least one.
     model_name : str
         ``model_name`` of the result.
+
+    Raises
+    ------
+    ValueError
+        ``signals`` is empty: no scrape to merge (a result would claim a scrape at time 0).
     """
+    if not signals:
+        raise ValueError("merge_signals needs at least one EngineSignals")
     out = EngineSignals(model_name=model_name)
     kv: list[float] = []
+    hit_rates: list[float] = []
     for s in signals:
         for fld in (
             "num_requests_running",
@@ -329,12 +351,15 @@ def merge_signals(signals: Sequence[EngineSignals], model_name: str = "") -> Eng
                 setattr(out, fld, v if cur is None else cur + v)
         if s.kv_cache_usage is not None:
             kv.append(s.kv_cache_usage)
+        if s.prefix_cache_hit_rate is not None:
+            hit_rates.append(s.prefix_cache_hit_rate)
         out.ttft_s = _merge_hist(out.ttft_s, s.ttft_s)
         out.itl_s = _merge_hist(out.itl_s, s.itl_s)
         out.e2e_s = _merge_hist(out.e2e_s, s.e2e_s)
         out.scraped_at_s = max(out.scraped_at_s, s.scraped_at_s)
         out.scrape_duration_s = max(out.scrape_duration_s, s.scrape_duration_s)
     out.kv_cache_usage = sum(kv) / len(kv) if kv else None
+    out.prefix_cache_hit_rate = sum(hit_rates) / len(hit_rates) if hit_rates else None
     return out
 
 

@@ -130,6 +130,7 @@ def test_fault_gauges_show_active_kinds():
         "error": 0.0,
         "hang": 1.0,
         "crash": 0.0,
+        "stream_error": 0.0,
         "refuse": 0.0,
         "metrics_delay": 1.0,
         "drain": 0.0,

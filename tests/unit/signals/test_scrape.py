@@ -14,6 +14,7 @@ from aiohttp import web
 from fastroute.config import EngineConfig
 from fastroute.signals import scrape
 from fastroute.signals.scrape import EngineScrape, EngineScraper
+from fastroute.signals.vllm import parse_vllm_metrics
 from fastroute.testing.servers import serve_app
 from fastroute.testing.waiting import wait_until
 
@@ -98,7 +99,7 @@ def test_duplicate_engine_names_are_refused() -> None:
 
 def test_absorb_merges_models_and_clears_the_error() -> None:
     result = EngineScrape("e0", error="timeout after 0.5 s")
-    by_model = scrape.parse_vllm_metrics(METRICS, scraped_at_s=100.0)
+    by_model = parse_vllm_metrics(METRICS, scraped_at_s=100.0)
     result.absorb(by_model)
     assert result.error is None and result.by_model == by_model
     assert result.signals is not None and result.signals.num_requests_running == 5.0
@@ -237,5 +238,86 @@ def test_run_repeats_rounds_until_cancelled_and_closes_the_session() -> None:
                 await task
             assert scraper._session is None
             assert len(engine.paths) >= 3
+
+    run(main())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("status", [404, 501])
+def test_metrics_turned_off_is_said_once_and_is_not_a_failure(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``/metrics`` answering 404 or 501 means the engine's metrics are off: one warning naming
+    the flag that turns them on, no error, no failure counted; a later good scrape clears it."""
+
+    async def main() -> None:
+        engine = Engine(metrics_status=status)
+        async with serve(engine) as url:
+            engines = [EngineConfig(name="e0", url=url, models=("a",), kind="sglang")]
+            engine.body = 'sglang:num_running_reqs{model_name="a"} 4\n'
+            scraper = EngineScraper(engines, timeout_s=5.0)
+            r = scraper.results["e0"]
+            try:
+                with caplog.at_level("WARNING", logger="fastroute.signals.scrape"):
+                    for _ in range(3):
+                        await scraper.scrape_once()
+                warnings = [m for m in caplog.messages if "metrics turned off" in m]
+                assert len(warnings) == 1 and "--enable-metrics" in warnings[0]
+                assert r.metrics_disabled and r.error is None and r.signals is None
+                assert (r.scrapes_total, r.errors_total) == (3, 0)
+
+                engine.metrics_status = 200
+                await scraper.scrape_once()
+                assert not r.metrics_disabled and r.signals is not None
+                assert r.signals.num_requests_running == 4.0
+            finally:
+                await scraper.close()
+
+    run(main())
+
+
+@pytest.mark.integration
+def test_a_page_without_the_kinds_metrics_is_no_signal() -> None:
+    """A page with no metric of the engine's dialect (a vLLM page for an SGLang engine) keeps the
+    signals as they were (None: never an empty signal stamped at time 0) and is an error."""
+
+    async def main() -> None:
+        engine = Engine()  # serves vLLM names
+        async with serve(engine) as url:
+            engines = [EngineConfig(name="e0", url=url, models=("a",), kind="sglang")]
+            scraper = EngineScraper(engines, timeout_s=5.0)
+            r = scraper.results["e0"]
+            try:
+                await scraper.scrape_once()
+            finally:
+                await scraper.close()
+            assert r.signals is None and r.by_model is None and r.age_s() is None
+            assert r.error == (
+                "MetricsParseError: /metrics has no sglang metric (is engines[].kind right?)"
+            )
+            assert r.errors_total == 1
+
+    run(main())
+
+
+@pytest.mark.integration
+def test_an_openai_engine_is_not_scraped_for_metrics() -> None:
+    """An ``openai``-kind engine has no metrics to read: only ``/health`` is asked (when asked),
+    no error, no signals."""
+
+    async def main() -> None:
+        engine = Engine()
+        async with serve(engine) as url:
+            engines = [EngineConfig(name="e0", url=url, models=("a",), kind="openai")]
+            for health in (False, True):
+                scraper = EngineScraper(engines, timeout_s=5.0, health=health)
+                try:
+                    await scraper.scrape_once()
+                finally:
+                    await scraper.close()
+                r = scraper.results["e0"]
+                assert r.error is None and r.signals is None and r.errors_total == 0
+            assert engine.paths == ["/health"]
+            assert r.healthy is True
 
     run(main())

@@ -1,0 +1,191 @@
+"""Real vLLM engines and a real fastroute proxy as subprocesses, for the real-engine tier.
+
+:func:`installed` runs ``setup_vllm.sh`` (cached: a second run takes a second) and returns the
+vLLM venv's python and the tiny model. :func:`start_vllm` starts one OpenAI server on a free
+loopback port, pinned to one core (two engines share the machine's two cores);
+:func:`start_proxy` writes a config for ``fastroute serve`` in front of the engines. Every
+process runs in its own session and :func:`stop` kills its whole group. Logs go to files so a
+failing start can show why (:func:`tail`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastroute.testing.processes import free_port, kill_groups
+
+__all__ = [
+    "MODEL",
+    "READY_TIMEOUT_S",
+    "Installed",
+    "Running",
+    "installed",
+    "proxy_toml",
+    "start_proxy",
+    "start_vllm",
+    "stop",
+    "tail",
+    "wait_ready",
+]
+
+HERE = Path(__file__).resolve().parent
+#: Served model name of every engine.
+MODEL = "tiny"
+#: Bound on an engine becoming ready. ~35 s on an idle 2-core machine; several minutes when
+#: the cores are shared with other work.
+READY_TIMEOUT_S = float(os.environ.get("FASTROUTE_REAL_READY_TIMEOUT_S", "600"))
+#: The engines' context: short, so the too-long-prompt case is cheap.
+MAX_MODEL_LEN = 1024
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The vLLM venv's interpreter and the tiny model's directory."""
+
+    python: Path
+    model: Path
+
+
+@dataclass
+class Running:
+    """A server: its process (None for one started elsewhere), root URL and log file."""
+
+    proc: subprocess.Popen[bytes] | None
+    url: str
+    log: Path
+
+
+def installed() -> Installed:
+    """Install (or find cached) vLLM and the model with ``setup_vllm.sh``."""
+    out = subprocess.run(
+        ["bash", str(HERE / "setup_vllm.sh")],
+        check=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ).stdout
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return Installed(Path(values["FASTROUTE_REAL_PYTHON"]), Path(values["FASTROUTE_REAL_MODEL"]))
+
+
+def vllm_env(cpu: str) -> dict[str, str]:
+    """The environment of a CPU vLLM engine pinned to ``cpu`` (a core or a range, ``0-1``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return env | {
+        "VLLM_CPU_OMP_THREADS_BIND": cpu,  # "all" is rejected
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def start_vllm(
+    inst: Installed, log_dir: Path, *, name: str, cpu: str, extra_args: tuple[str, ...] = ()
+) -> Running:
+    """Start ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` script fails here)."""
+    port = free_port()
+    log = log_dir / f"{name}.log"
+    cmd = [
+        str(inst.python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(inst.model), "--served-model-name", MODEL,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--enforce-eager", "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-num-seqs", "16", "--enable-prompt-tokens-details", *extra_args,
+    ]  # fmt: skip
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=vllm_env(cpu), start_new_session=True, cwd=log_dir,
+        )  # fmt: skip
+    return Running(proc, f"http://127.0.0.1:{port}", log)
+
+
+def proxy_toml(engine_urls: list[str], *, port: int) -> str:
+    """A standalone proxy (no controller: capacity-proportional fallback weights) that scrapes
+    the engines itself."""
+    engines = "".join(
+        f'[[engines]]\nname = "vllm-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\nkind = "vllm"\n\n'
+        for i, url in enumerate(engine_urls)
+    )
+    table = f"fastroute-real-{uuid.uuid4().hex[:12]}"
+    return engines + (
+        f'[proxy]\nport = {port}\ntable_name = "{table}-weights"\nstats_name = "{table}-stats"\n'
+        "scrape_engines = true\n"
+    )
+
+
+def start_proxy(engine_urls: list[str], run_dir: Path) -> Running:
+    """``python -m fastroute serve --config FILE`` in front of ``engine_urls``."""
+    port = free_port()
+    config = run_dir / "fastroute.toml"
+    config.write_text(proxy_toml(engine_urls, port=port))
+    log = run_dir / "proxy.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FASTROUTE_SHM_DIR": str(run_dir)}
+    for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        env.pop(key, None)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fastroute", "--log-level", "INFO", "serve",
+             "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )  # fmt: skip
+    return Running(proc, f"http://127.0.0.1:{port}", log)
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return None
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def wait_ready(runs: list[Running], path: str, timeout_s: float = READY_TIMEOUT_S) -> float:
+    """Wait until every process answers 200 on ``path``; return the seconds it took.
+
+    Raises
+    ------
+    AssertionError
+        A process exited, or one was not ready within ``timeout_s`` (with its log's tail).
+    """
+    started = time.monotonic()
+    pending = list(runs)
+    while pending:
+        for run in list(pending):
+            if run.proc is not None and run.proc.poll() is not None:
+                raise AssertionError(f"{run.log.name} exited:\n{tail(run.log)}")
+            if _status(run.url + path) == 200:
+                pending.remove(run)
+        if pending and time.monotonic() - started > timeout_s:
+            raise AssertionError(
+                f"{pending[0].log.name} not ready within {timeout_s:g} s:\n{tail(pending[0].log)}"
+            )
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def stop(runs: list[Running]) -> None:
+    """Kill each started process's group and reap it."""
+    kill_groups([r.proc for r in runs if r.proc is not None])
