@@ -1,4 +1,4 @@
-"""Proxy overhead figure (issue 4; not a pytest file): router CPU per request and per token.
+"""Proxy overhead figure (a script, not a pytest file): router CPU per request and per token.
 
 Set-up, all on 127.0.0.1, every server its own process (its own session, so its
 whole process tree is measured and stopped):

@@ -1,4 +1,4 @@
-"""Headline simulator figures (issue 6): events/s on one core, 100 000 requests on 32 engines.
+"""Headline simulator figures: events/s on one core, 100 000 requests on 32 engines.
 
     python bench/bench_sim.py                 # both figures
     python bench/bench_sim.py --only events   # or: --only scale

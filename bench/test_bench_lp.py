@@ -1,6 +1,6 @@
 """Routing LP: build + warm solve per control period, grouped and ungrouped, and weight churn.
 
-Instances follow reference/algorithms.md §1.6: 8 regions with RTT 2–150 ms, three hardware
+Instances (docs/algorithms.md §1.6): 8 regions with RTT 2–150 ms, three hardware
 types (capacities 8 / 12 / 20 req/s, each its own latency shape), 3 % of engines half-derated, total
 demand 70 % of capacity, every class eligible everywhere (dense). A period draws fresh demand
 ``D · U(0.95, 1.05)`` (setup, untimed) and re-solves (timed) anchored where the controller anchors:
@@ -186,7 +186,7 @@ def test_lp_churn_under_demand_noise(benchmark, noise: str) -> None:
 
     ``walk``: D_t = D_{t−1} · U(0.95, 1.05) (the reference's drift step, |ΔD| ≈ 2.5 %);
     ``iid``: D_t = D · U(0.95, 1.05) around a fixed base (consecutive |ΔD| ≈ 3.3 %).
-    Target (issue 5): mean churn ≤ 2 % per period. The instances are seeded, so the figure is
+    Target: mean churn ≤ 2 % per period. The instances are seeded, so the figure is
     deterministic and asserted.
     """
     fleet = make_fleet(50, 2000, seed=9)

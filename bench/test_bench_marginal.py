@@ -1,4 +1,4 @@
-"""marginal-cost policy evaluation per request (goal: <= 20 µs for k = 3, DESIGN.md §1B).
+"""marginal-cost policy evaluation per request (goal: <= 20 µs for k = 3, docs/design.md §1B).
 
 A round is CALLS_PER_ROUND decisions with distinct routing keys over a 16-engine class
 row with live-looking engine state; divide by CALLS_PER_ROUND (recorded in

@@ -71,8 +71,7 @@ def test_pick_bounded(benchmark, selector_impl, n_engines, keys) -> None:
 def test_disruption_vs_total_variation(benchmark, keys) -> None:
     """Fraction of 50k keys moved by weight changes, against the TV lower bound.
 
-    Reported in ``extra_info`` (algorithms.md §2.2 measured HRW at 1.95 % for a 1 %
-    transfer, 0.80 % for one engine removed of 100).
+    Reported in ``extra_info`` (docs/algorithms.md §2.2; figures in docs/benchmarks.md).
     """
     from fastroute._core import Selector
 

@@ -1,6 +1,6 @@
 """``--mode p-controller``: the legacy proportional controller run as the service's policy.
 
-For experiments and comparison with the LP (reference/algorithms.md §8): every period each class
+For experiments and comparison with the LP (docs/algorithms.md §8): every period each class
 row is one :class:`controller.pcontroller.ProportionalController` over the engines eligible for the
 class, fed the engines' observed per-request latency of the window just closed
 (``L = TTFT + γ · E[N_out] · TBOT``, :func:`window_latency_s`). The weights are published exactly

@@ -1,6 +1,6 @@
 """Exact aggregation of engines into groups for the routing LP.
 
-Algorithm (docs/controller.md, reference/algorithms.md §1.7). Engines with the same latency
+Algorithm (docs/controller.md, docs/algorithms.md §1.7). Engines with the same latency
 *shape* (same grid and PWL slopes, :meth:`LatencyProfile.shape_key`), the same network-distance
 vector to every class and the same eligibility set are interchangeable except for their capacity.
 For members of effective capacity ``C_i = cap_i · h_i`` carrying a total load ``Λ``, the latency

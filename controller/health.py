@@ -1,4 +1,4 @@
-"""Anomaly scoring and quantised capacity derating with hysteresis (algorithms.md §4.2–4.3).
+"""Anomaly scoring and quantised capacity derating with hysteresis (docs/algorithms.md §4.2–4.3).
 
 Pure: no I/O, no clock of its own (every update takes ``now_s``), O(engines) per window.
 

@@ -1,6 +1,6 @@
 """Latency profiles: per-request latency vs utilisation → convex piecewise-linear LP cost.
 
-Algorithm (docs/controller.md, reference/algorithms.md §1.2). A profile describes one engine *shape*
+Algorithm (docs/controller.md, docs/algorithms.md §1.2). A profile describes one engine *shape*
 (hardware × model × anomaly class) on a utilisation grid ``b_0 = 0 < b_1 < … < b_K = ρ_max``:
 
 * ``TTFT(ρ)`` and ``TBOT(ρ)`` in seconds at each breakpoint, and the per-request latency

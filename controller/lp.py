@@ -1,6 +1,6 @@
 """The routing LP in deviation form: problem data and the vectorised CSC build.
 
-Formulation (docs/controller.md, reference/algorithms.md §1.3–1.5). Classes ``g`` (rows of
+Formulation (docs/controller.md, docs/algorithms.md §1.3–1.5). Classes ``g`` (rows of
 ``demand_rps``), engines or engine groups ``e``, eligible pairs ``A`` (``eligible[g, e]``), ``K``
 PWL segments per engine. The routed rate is ``x_ge = x⁰_ge + p_ge − q_ge`` with the previous
 solution ``x⁰`` as anchor::

@@ -1,6 +1,6 @@
 """The old proportional (P) controller, kept only as a baseline to measure the optimiser against.
 
-reference/algorithms.md §8.1 (DESIGN.md §1A.5): every period each engine's weight is nudged by its
+docs/algorithms.md §8.1 (docs/design.md §1A.5): every period each engine's weight is nudged by its
 latency relative to the fleet average,
 
     w_e ← w_e · (1 − K · (ŝ_e − s̄) / s̄),
@@ -218,7 +218,7 @@ def critical_gain(delay_periods: int, ewma_alpha: float = 1.0) -> float:
 
     Without smoothing (``a = 1``) the closed form ``2 sin(π / (2(2D+1)))`` (2, 1, 0.618, 0.445,
     0.285, 0.149 for D = 0, 1, 2, 3, 5, 10). With ``a < 1``, bisection on
-    :func:`spectral_radius` (the measured columns of algorithms.md §8.1, e.g. D = 2, a = 0.3 →
+    :func:`spectral_radius` (the measured columns of docs/algorithms.md §8.1, e.g. D = 2, a = 0.3 →
     0.537), to about 1e-9 relative.
 
     Parameters

@@ -1,6 +1,6 @@
 """Online latency profiles: TTFT and TBOT vs utilisation, fitted per engine group from signals.
 
-Algorithm (docs/controller.md, reference/algorithms.md §1.2). Every engine belongs to one *fit
+Algorithm (docs/controller.md, docs/algorithms.md §1.2). Every engine belongs to one *fit
 group* (same hardware, models, region and role: engines expected to behave alike) whose profile
 starts as the configured hardware seed (:meth:`LatencyProfile.seed`) and is corrected from observed
 ``(ρ, TTFT, TBOT)`` windows:

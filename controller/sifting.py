@@ -1,6 +1,6 @@
 """Column generation ("sifting") for large ungrouped routing LPs: same optimum, fewer columns.
 
-Why (docs/controller.md, reference/algorithms.md §1.6): a warm dual-simplex period on an ungrouped
+Why (docs/controller.md, docs/algorithms.md §1.6): a warm dual-simplex period on an ungrouped
 50 × 500 LP takes ~1–2 k pivots (about one per engine whose load sits on a segment breakpoint) and
 each pivot's cost grows with the number of pair columns (measured 0.24 ms at 25 k pairs vs 0.06 ms
 at 6.6 k). Most pairs never carry traffic (a class rarely uses far regions), so the LP is solved

@@ -27,7 +27,7 @@ Optimisers
     errors, default 2), ``min_demand_rps`` (floor per class so an idle class
     keeps a row; default 0.01).
 ``p-controller``
-    The proportional baseline of reference/algorithms.md §8.1 on per-engine latency:
+    The proportional baseline of docs/algorithms.md §8.1 on per-engine latency:
     ``gain`` (K, default 0.5), ``ewma_alpha`` (a, default 0.3), ``min_weight``
     (default 1e-3), ``signal`` (``"e2e"`` per-request latency, ``"ttft"`` or
     ``"tbot"``; default ``"e2e"``). Its weights are shared by every class and masked by

@@ -1,6 +1,6 @@
 """Solve the routing LP with HiGHS (dual simplex), warm-starting from the previous basis.
 
-Solve policy (docs/controller.md, reference/algorithms.md §1.5–1.7):
+Solve policy (docs/controller.md, docs/algorithms.md §1.5–1.7):
 
 * :class:`RoutingLP` owns one ``highspy.Highs`` object. The first solve, and any solve whose
   *structure* (eligible pairs, number of classes and engines/groups, segments K) differs from the

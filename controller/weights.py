@@ -1,6 +1,6 @@
 """From LP rates to published weight rows, shed fractions, and the churn metric.
 
-Per class ``g`` (reference/algorithms.md §1.3): the weight row is ``w_ge = x_ge / Σ_e x_ge``
+Per class ``g`` (docs/algorithms.md §1.3): the weight row is ``w_ge = x_ge / Σ_e x_ge``
 (which is ``x_ge / (D_g − shed_g)`` at an optimum; dividing by the row sum makes rows sum to 1
 exactly), the shed fraction is ``σ_g = shed_g / D_g``. A fully shed class, or a class with no
 allocation, gets an all-zero row (unless a fallback row is given). Group weights are split over

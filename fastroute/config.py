@@ -346,7 +346,7 @@ class ClassConfig(_Section):
 
 
 class PolicyConfig(_Section):
-    """Engine selection among the eligible engines (DESIGN.md §3 steps 5–6).
+    """Engine selection among the eligible engines (docs/design.md §3 steps 5–6).
 
     Attributes
     ----------
@@ -379,7 +379,7 @@ class PolicyConfig(_Section):
 
 
 class RetryConfig(_Section):
-    """Retry budget (Finagle-style token bucket; reference/algorithms.md §3).
+    """Retry budget (Finagle-style token bucket; docs/algorithms.md §3).
 
     Retries happen only before the first byte reaches the client, to the next
     candidate of the ranking, never to the same engine.
@@ -396,7 +396,7 @@ class RetryConfig(_Section):
     ttl_s : float
         How long deposits and withdrawals count, seconds.
     max_retries : int
-        Retries per request: 0 disables retries; at most 1 (DESIGN.md §3).
+        Retries per request: 0 disables retries; at most 1 (docs/design.md §3).
     retry_on_status : array of integers
         Upstream HTTP statuses (received before any byte went to the client) that may
         be retried; connection failures and timeouts before the first byte always may.
@@ -410,14 +410,14 @@ class RetryConfig(_Section):
 
 
 class EjectionConfig(_Section):
-    """Fast local outlier ejection (Envoy consecutive-failure semantics; algorithms.md §4).
+    """Fast local outlier ejection (Envoy consecutive-failure semantics; docs/algorithms.md §4).
 
     Attributes
     ----------
     consecutive_failures : int
         Consecutive failures (connect errors, 5xx, timeouts) that eject an engine.
     base_ejection_s : float
-        First ejection length, seconds; the n-th consecutive ejection lasts n times this.
+        First ejection length, seconds; the k-th ejection lasts ``base × 2**(k − 1)``.
     max_ejection_s : float
         Cap on an ejection's length, seconds; at least ``base_ejection_s``.
     max_ejected_fraction : float
@@ -432,7 +432,7 @@ class EjectionConfig(_Section):
 
 
 class AdmissionConfig(_Section):
-    """Local, reactive admission: CoDel-style queue-delay guard (algorithms.md §5).
+    """Local, reactive admission: CoDel-style queue-delay guard (docs/algorithms.md §5).
 
     Attributes
     ----------
@@ -576,7 +576,7 @@ class ProxyConfig(_Section):
 
 
 class ShedPenaltiesConfig(_Section):
-    """Per-priority multipliers π of the LP's shed penalty P = π · P₀ (algorithms.md §1.3).
+    """Per-priority multipliers π of the LP's shed penalty P = π · P₀ (docs/algorithms.md §1.3).
 
     Attributes
     ----------
@@ -594,7 +594,7 @@ class ShedPenaltiesConfig(_Section):
 
 
 class DeratingConfig(_Section):
-    """Controller-side anomaly score → quantised capacity derating (algorithms.md §4).
+    """Controller-side anomaly score → quantised capacity derating (docs/algorithms.md §4).
 
     Attributes
     ----------
@@ -631,7 +631,7 @@ class DeratingConfig(_Section):
 
 
 class ControllerConfig(_Section):
-    """The control plane process (``fastroute controller``; algorithms.md §1).
+    """The control plane process (``fastroute controller``; docs/algorithms.md §1).
 
     Attributes
     ----------
@@ -705,8 +705,9 @@ class Config(_Section):
     engines : array of tables
         The engines, ``[[engines]]``; at least one.
     hardware_classes : array of strings
-        Hardware class labels engines and tenants may use. The default is the engine
-        emulator's profiles; real fleets list their own (e.g. ``"h100-sxm"``).
+        Hardware class labels engines and tenants may use. The default is the built-in
+        datasheet profiles (``fastroute.hardware``); real fleets list their own (e.g.
+        ``"h100-sxm"``).
     network : table
         Regions, zones and the RTT matrix, ``[network]``.
     tenants : array of tables

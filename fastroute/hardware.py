@@ -4,7 +4,7 @@ The one home of hardware facts: the calibration's starting constants
 (:mod:`fastroute.predict.calibration`), the config's default hardware labels, the
 controller's seed latencies, the engine emulator and the simulator all read them here.
 
-Every coefficient of the calibrated step-time model (reference/algorithms.md §6.3)
+Every coefficient of the calibrated step-time model (docs/algorithms.md §6.3)
 is computed here from a GPU's datasheet numbers and a model's shape, so the
 reasoning is code, not magic constants:
 
@@ -153,7 +153,7 @@ LLAMA_3_8B = ModelSpec(
 )
 
 #: Qwen2.5-3B (config.json: 36 layers, 2 KV heads, head dim 128, hidden 2048), bf16: the
-#: model of "Calibrate, Then Route" (reference/algorithms.md §6.1).
+#: model of "Calibrate, Then Route" (docs/algorithms.md §6.1).
 QWEN_2_5_3B = ModelSpec(
     name="qwen2.5-3b",
     num_params=3_085_938_688,

@@ -141,7 +141,7 @@ class OutputLengthDistribution:
     """Output lengths when the request does not fix them: lognormal, capped.
 
     ``N = max(1, round(exp(mu + sigma·Z)))``, Z standard normal. The defaults
-    (median e^5.3 ≈ 200 tokens) follow reference/algorithms.md §7.2's
+    (median e^5.3 ≈ 200 tokens) follow docs/algorithms.md §7.2's
     ShareGPT-like workload.
     """
 

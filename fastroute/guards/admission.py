@@ -1,6 +1,6 @@
 """Admission: sticky per-session shedding and a CoDel-style queue-delay guard.
 
-Two layers (reference/algorithms.md §5; DESIGN.md §3 step 3):
+Two layers (docs/algorithms.md §5; docs/design.md §3 step 3):
 
 **Sticky shedding** (global, proactive). The controller publishes a shed fraction
 per (class, priority), from the LP's shed variables. A request is shed iff

@@ -1,7 +1,7 @@
 """Fast local outlier ejection: consecutive failures take an engine out of rotation.
 
 Semantics follow Envoy's ``consecutive_5xx`` outlier detection
-(``config.cluster.v3.OutlierDetection``; reference/algorithms.md §4, "data plane,
+(``config.cluster.v3.OutlierDetection``; docs/algorithms.md §4, "data plane,
 fast, local, binary"):
 
 * every finished attempt is recorded as an :class:`Outcome`; outcomes in

@@ -1,7 +1,7 @@
 """Retry budget: a Finagle-style token bucket that bounds retry load amplification.
 
 Algorithm (Finagle ``RetryBudget``, twitter/finagle
-``finagle-core/.../service/RetryBudget.scala``; reference/algorithms.md §3):
+``finagle-core/.../service/RetryBudget.scala``; docs/algorithms.md §3):
 
 * every original request *deposits* one token;
 * every retry *withdraws* ``1 / ratio`` tokens, so at most ``ratio`` retries are
@@ -46,14 +46,14 @@ __all__ = [
     "DEFAULT_SLOT_S",
 ]
 
-#: Retries allowed per original request (algorithms.md §3: 0.1 for LLM traffic, where
+#: Retries allowed per original request (docs/algorithms.md §3: 0.1 for LLM traffic, where
 #: every attempt costs GPU-seconds).
 DEFAULT_RATIO = 0.1
 #: Retries per second always allowed per budget, however little traffic there is.
 DEFAULT_MIN_RETRIES_PER_S = 2.0
 #: How long deposits and withdrawals count (Finagle's default).
 DEFAULT_TTL_S = 10.0
-#: Retries per request the caller's policy allows (DESIGN.md §3 step 7: at most once).
+#: Retries per request the caller's policy allows (docs/design.md §3 step 7: at most once).
 DEFAULT_MAX_RETRIES = 1
 #: Width of one slot of the windowed sums.
 DEFAULT_SLOT_S = 1.0

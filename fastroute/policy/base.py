@@ -58,7 +58,7 @@ __all__ = [
     "rank_by_load",
 ]
 
-#: Length of the failover ranking a decision carries by default (DESIGN.md §3 step 5).
+#: Length of the failover ranking a decision carries by default (docs/design.md §3 step 5).
 DEFAULT_K = 3
 
 
@@ -77,7 +77,7 @@ class RouteRequest(msgspec.Struct, frozen=True, gc=False):
     ----------
     key_hash : int
         Unsigned 64-bit hash of the routing key (``fastroute.hashing.key_hash`` of the
-        session id, user, or conversation prefix; DESIGN.md §3 step 4).
+        session id, user, or conversation prefix; docs/design.md §3 step 4).
     row : int
         The request's class row in the weight table.
     prompt_tokens : int

@@ -1,6 +1,6 @@
 """``marginal-cost``: calibrated marginal completion time over the top-k rendezvous candidates.
 
-Algorithm (reference/algorithms.md §6.4; "Calibrate, Then Route", arXiv 2609.16206)
+Algorithm (docs/algorithms.md §6.4; "Calibrate, Then Route", arXiv 2609.16206)
     For request ``r`` (prompt ``n`` tokens, ``c_e`` of them cached on engine ``e``,
     predicted output ``N̂``) the policy evaluates only the **top-k rendezvous
     candidates** of the routing key in the class row (``candidates``, default 3), so
@@ -22,7 +22,7 @@ Algorithm (reference/algorithms.md §6.4; "Calibrate, Then Route", arXiv 2609.16
                + λ_e · pf² / (2(1 − min(0.9, λ_e·pf)))       later arrivals pushed back (FCFS)
         MC     = own + ext
 
-    ``m1`` (``a1'`` of algorithms.md §6.3's mixed step) is the calibrated decode-step time
+    ``m1`` (``a1'`` of docs/algorithms.md §6.3's mixed step) is the calibrated decode-step time
     per prefill token run beside it, and ``p_e`` the prefill tokens expected beside each
     decode step on ``e`` (``prefill_tokens_per_step``: what the data plane measured on the
     engine's recent requests; 0 on a decode-only engine). Both interference terms use

@@ -7,17 +7,17 @@ Algorithm
     ``w_i / sum(w)`` of the keys, a key stays on its engine while the weights allow,
     and removing an engine moves only its keys, each to its runner-up: the ranking is
     the failover order. See ``fastroute/_core/selector_py.py`` and
-    ``reference/algorithms.md`` §2.
+    ``docs/algorithms.md`` §2.
 
 Optional bounded-load guard (Mirrokni, Thorup & Zadimoghaddam, "Consistent Hashing
-with Bounded Loads", SODA 2018, arXiv:1608.01350; algorithms.md §2.4)
+with Bounded Loads", SODA 2018, arXiv:1608.01350; docs/algorithms.md §2.4)
     With ``balance_factor = c`` the pick walks the ranking and takes the first engine
     whose load stays within ``c`` times its weighted fair share,
     ``load_e + 1 <= c * (total + 1) * w_e / W`` over the row's eligible engines
     (``Selector.pick_bounded``). The chosen engine goes first and the rest of the
     rendezvous ranking follows. A loose ``c`` (about 2) only spills hot keys under
-    overload; tight factors destroy KV-cache affinity (algorithms.md §2.4 measured
-    -15 prefix-hit points at c = 1.25), because the LP, not this guard, balances.
+    overload; tight factors trade away KV-cache affinity at normal load (docs/algorithms.md
+    §2.4), because the LP, not this guard, balances.
 
 Invariants
     Without the guard the decision depends only on (key, row, table, availability):
@@ -32,8 +32,8 @@ Tunables
         (``FleetView.in_flight_tokens``; falls back to requests if the view has none).
 
 Cost per request
-    One O(n_engines) pruned, ``nogil`` loop (about 0.1-0.3 microseconds for 10-100
-    engines, algorithms.md §2.3) plus Python call overhead; the guard adds one O(n)
+    One O(n_engines) pruned, ``nogil`` loop (docs/algorithms.md §2.3; ``make bench``
+    times it) plus Python call overhead; the guard adds one O(n)
     pass, and a full ranking only when the first choice is over its bound.
 
 ``Decision.reason`` is ``"hrw"``, or ``"bounded-spill"`` when the guard moved the

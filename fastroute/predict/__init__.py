@@ -1,4 +1,4 @@
-"""Calibrated prediction for routing (DESIGN.md §1B; reference/algorithms.md §6.3).
+"""Calibrated prediction for routing (docs/design.md §1B; docs/algorithms.md §6.3).
 
 * :mod:`~fastroute.predict.rls` — recursive least squares with forgetting, relative
   weighting and Huber-robust weights;

@@ -12,7 +12,7 @@ model, and their export as plain data.
   and decision records), and :meth:`load` starts a new worker from a snapshot the
   controller published for its group, so it is calibrated from its first request.
 
-KV transfer (algorithms.md §6.3)
+KV transfer (docs/algorithms.md §6.3)
     ``T_x(tokens) = latency + tokens · bytes_per_token / bandwidth``, fitted online as
     a two-coefficient :class:`~fastroute.predict.rls.RobustRLS` (``[1, tokens]``)
     from the nominal NIC figures. One model per fleet: topology classes (same node /

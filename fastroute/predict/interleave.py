@@ -2,7 +2,7 @@
 
 On a co-located engine (chunked prefill) every decode step may also run chunks of other
 requests' prompts, so a request's mean time between output tokens is a mean over *mixed*
-steps (reference/algorithms.md §6.3: ``T = T_dec(B, S) + a1'·chunk``). A router sees
+steps (docs/algorithms.md §6.3: ``T = T_dec(B, S) + a1'·chunk``). A router sees
 no chunks, but it sees when the prompts it sent finish their prefill: at their first
 token. :class:`PrefillInterleave` keeps, per engine:
 

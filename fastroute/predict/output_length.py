@@ -1,6 +1,6 @@
 """Output-length predictor: decayed log-bucket histograms with hierarchical back-off.
 
-Model (reference/algorithms.md §6.3, "Output length")
+Model (docs/algorithms.md §6.3, "Output length")
     For every key of the hierarchy ``(tenant, class) → (class,) → ()`` (global) a
     histogram of observed output lengths over **log buckets** (``buckets_per_octave``
     per doubling: bucket ``b`` holds ``[2^(b/q), 2^((b+1)/q))`` tokens), with

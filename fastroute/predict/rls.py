@@ -3,7 +3,7 @@ Huber-robust sample weights and stabilised forgetting, in information form.
 
 Model
     ``y = θ · x + offset + noise`` with noise roughly proportional to ``y`` (step times:
-    a few percent of lognormal jitter, reference/algorithms.md §6.3). ``offset`` is a
+    a few percent of lognormal jitter, docs/algorithms.md §6.3). ``offset`` is a
     known part of ``y`` (predicted by coefficients the sample must not change). Each
     sample is divided by the current prediction ``ŷ`` (floored), so the fit minimises
     the **relative** squared error and small and large steps count alike; otherwise the
@@ -25,8 +25,8 @@ Control 1993)::
 
 ``λ = 0.995`` forgets with a time constant of 200 samples, so a drift is tracked within
 a few hundred samples. A spike (a ×3 step time, |e| ≈ 2) gets weight ``k·σ̂/2 ≈ 0.06``
-instead of 1, so spikes no longer bias the intercept (algorithms.md §6.3: plain LS gave
-a0 = −0.0007 s against a true 0.0138 s).
+instead of 1, so spikes no longer bias the intercept (docs/algorithms.md §6.3;
+``tests/unit/predict/test_predict_rls.py::test_huber_weights_resist_spikes``).
 
 Why this form
     A closed-loop run (router and emulated engines) broke the textbook covariance-form

@@ -1,4 +1,4 @@
-"""Calibrated step-time model of one engine type (reference/algorithms.md §6.3).
+"""Calibrated step-time model of one engine type (docs/algorithms.md §6.3).
 
 Functional form
     One linear model over eight **summed step features** covers prefill, decode,
@@ -33,7 +33,7 @@ Mixed (co-located chunked prefill) steps at request level
     A request's mean time between output tokens on a co-located engine is a mean over
     *mixed* steps: ``T = b0 + b1·B + b2·S + a1'·p`` where ``p`` is the mean number of
     other requests' prefill tokens run beside each of its decode steps
-    (algorithms.md §6.3, "Mixed step"). A data plane cannot see the chunks, but it can
+    (docs/algorithms.md §6.3, "Mixed step"). A data plane cannot see the chunks, but it can
     count the uncached prompt tokens it dispatched to the engine during the request's
     decode lifetime (:class:`~fastroute.predict.interleave.PrefillInterleave`). Feature 7
     carries that count and ``m1`` (``a1'``) is its coefficient, fitted with the decode

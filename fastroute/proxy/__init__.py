@@ -1,4 +1,4 @@
-"""The data plane's request path (DESIGN.md §3).
+"""The data plane's request path (docs/design.md §3).
 
 Request-path primitives:
 

@@ -1,4 +1,4 @@
-"""The signal path (DESIGN.md §4): engine ``/metrics`` parsing and data-plane reports.
+"""The signal path (docs/design.md §4): engine ``/metrics`` parsing and data-plane reports.
 
 * :mod:`fastroute.signals.vllm`: engine Prometheus text → :class:`EngineSignals`,
   and window math over cumulative histograms;

@@ -1,4 +1,4 @@
-"""The data plane's report to the controller, and the aggregator that fills it (DESIGN.md §4).
+"""The data plane's report to the controller, and the aggregator that fills it (docs/design.md §4).
 
 Every ``proxy.report_interval_s`` each worker drains its :class:`DemandAggregator`
 into one :class:`Report` and posts :func:`encode_report` (msgpack) to the

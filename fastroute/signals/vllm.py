@@ -1,4 +1,4 @@
-"""Parse an engine's Prometheus ``/metrics`` text into :class:`EngineSignals` (DESIGN.md §4).
+"""Parse an engine's Prometheus ``/metrics`` text into :class:`EngineSignals` (docs/design.md §4).
 
 :func:`parse_engine_metrics` reads the dialect of each engine kind (vLLM, SGLang, llama.cpp; the
 names and what they mean are in :mod:`fastroute.signals.dialects`); :func:`parse_vllm_metrics` is

@@ -1,4 +1,4 @@
-"""Discrete-event simulator of a fastroute deployment (issue 6; docs/simulator.md).
+"""Discrete-event simulator of a fastroute deployment (docs/simulator.md).
 
 The simulator drives the emulator's engine performance model
 (:class:`fastroute.emulator.model.EngineModel`) in virtual time, routes with the

@@ -4,7 +4,7 @@ The optimiser is *injected*: any callable ``optimiser(ControlInput) -> ControlOu
 Two simple ones live here (``static``, ``nearest``); the real ones — the controller's
 routing LP and its proportional baseline — are built by ``controller.sim_optimiser``,
 which :func:`make_optimiser` imports lazily by name, so ``fastroute`` never imports
-``controller`` (DESIGN.md §6).
+``controller`` (docs/design.md §6).
 """
 
 from __future__ import annotations

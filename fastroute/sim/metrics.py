@@ -189,7 +189,7 @@ def weight_churn(
     """Demand-weighted total variation between two weight tables (0 … 1).
 
     ``TV = ½ Σ_g D_g Σ_e |w_now − w_prev| / Σ_g D_g``: the fraction of traffic whose
-    destination changed (reference/algorithms.md §8.3). Rows are normalised first
+    destination changed (docs/algorithms.md §8.3). Rows are normalised first
     (all-zero rows stay zero); 0 when there is no demand.
     """
     w0 = _normalise(weights_prev)

@@ -2,7 +2,7 @@
 
 Decode one from a TOML table with :meth:`ChatWorkload.from_dict` (``msgspec.convert``
 plus the cross-field checks), so a scenario file can say only what differs from the
-defaults. Defaults follow reference/algorithms.md §7.2 (ShareGPT-like lengths).
+defaults. Defaults follow docs/algorithms.md §7.2 (ShareGPT-like lengths).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class Burst(msgspec.Struct, **_OPTS):
 
 
 class ChatWorkload(msgspec.Struct, **_OPTS):
-    """Multi-turn chat sessions (reference/algorithms.md §7.2).
+    """Multi-turn chat sessions (docs/algorithms.md §7.2).
 
     Sessions arrive per source at ``rate_sessions_per_s × source weight`` (shaped by
     :attr:`diurnal` and :attr:`bursts`). A session has a geometric number of turns; each

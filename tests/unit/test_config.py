@@ -179,7 +179,7 @@ def test_default_hardware_classes_are_the_builtin_profiles() -> None:
 
 
 def test_vocabularies_match_the_design() -> None:
-    """Priorities are ordered lowest first; the policy names are the seven of DESIGN.md §6 and
+    """Priorities are ordered lowest first; the policy names are the seven of docs/design.md §6 and
     experiment (h)'s length-heuristic baseline."""
     assert PRIORITIES == ("batch", "default", "interactive")
     assert set(POLICY_NAMES) == {

@@ -26,11 +26,6 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 OUTSIDE = re.compile(r"reference/algorithms\.md|DESIGN\.md|\.\./shared")
 #: "issue 4", "issue #7", "issues 4, 7", "Issue 9's".
 ISSUE_NUMBER = re.compile(r"\bissues? #?\d", re.IGNORECASE)
-#: Generated files whose text comes from code docstrings (``python -m fastroute.config >
-#: docs/configuration.md``) that still carry outside references: expected to fail the mention
-#: check until the docstrings are fixed and the file regenerated. Strict, so the entry must be
-#: removed then.
-STALE_GENERATED = {ROOT / "docs" / "configuration.md"}
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -116,12 +111,7 @@ def test_relative_links_resolve(path: Path) -> None:
     assert broken_links(path) == []
 
 
-def _mention_params() -> list[object]:
-    stale = pytest.mark.xfail(strict=True, reason="generated from docstrings not yet rewritten")
-    return [pytest.param(p, id=_name(p), marks=stale if p in STALE_GENERATED else ()) for p in DOCS]
-
-
-@pytest.mark.parametrize("path", _mention_params())
+@pytest.mark.parametrize("path", DOCS, ids=_name)
 def test_no_reference_outside_the_repository(path: Path) -> None:
     """No mention of notes that are not in the repository, nor of tracker issues by number."""
     text = path.read_text()

@@ -237,7 +237,7 @@ def test_removing_an_engine_moves_only_its_keys_to_their_runner_up(impl: type, r
 def test_small_weight_change_moves_about_twice_the_total_variation(impl: type, rand) -> None:
     """A 1 % transfer A->B and dense +-5 % noise move at most 2.2 x TV of the keys (+ noise).
 
-    HRW is within about 2x of the TV lower bound (algorithms.md §2.2); the slack is
+    HRW is within about 2x of the TV lower bound (docs/algorithms.md §2.2); the slack is
     5 binomial sigmas of the measured fraction.
     """
     n = 40

@@ -1,4 +1,4 @@
-"""Post the worker's per-window report to the controller (DESIGN.md §4).
+"""Post the worker's per-window report to the controller (docs/design.md §4).
 
 Every ``interval_s`` the :class:`Reporter` drains the worker's
 :class:`~fastroute.signals.reports.DemandAggregator` and posts

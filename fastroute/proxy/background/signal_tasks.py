@@ -1,4 +1,4 @@
-"""Wire the signal-path background tasks into the proxy app (DESIGN.md §4, §5).
+"""Wire the signal-path background tasks into the proxy app (docs/design.md §4, §5).
 
 :func:`install_signal_tasks` is called once by
 :class:`~fastroute.proxy.proxy_app.ProxyApp`, which starts and stops the returned

@@ -1,4 +1,4 @@
-"""Decision records: why a request went where it went (DESIGN.md §3 step 9).
+"""Decision records: why a request went where it went (docs/design.md §3 step 9).
 
 Each routed request gets a :class:`DecisionRecord`, filled in as the request moves
 along its path (class, candidates and scores, filters that removed engines and why,

@@ -5,7 +5,7 @@ index everywhere in the proxy (selector, outlier detector, in-flight counts), so
 new weight table never re-indexes local state. Class rows are one per
 (model, priority) of the config's models.
 
-Weights come from one of two sources (DESIGN.md §2):
+Weights come from one of two sources (docs/design.md §2):
 
 * the shared-memory weight table ``proxy.table_name``, when it exists: each row is
   looked up by :func:`class_key` ``(proxy.cluster, model, priority)`` and its weights

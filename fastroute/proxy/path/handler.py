@@ -1,4 +1,4 @@
-"""The inference request path (DESIGN.md §3), one request at a time.
+"""The inference request path (docs/design.md §3), one request at a time.
 
 ``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` run, in
 order: body limit (413) → minimal parse (400) → classify (tenant by API key, residency

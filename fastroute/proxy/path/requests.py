@@ -1,6 +1,6 @@
 """The minimal parse of an OpenAI request body: only what routing needs.
 
-The proxy forwards the original body bytes unchanged (DESIGN.md §3 step 1); these
+The proxy forwards the original body bytes unchanged (docs/design.md §3 step 1); these
 Structs exist to classify, key and account the request, so they hold a handful of
 fields and ignore every other one (msgspec drops unknown fields while decoding, at C
 speed). Types are still checked for the fields kept, and any decode error becomes a

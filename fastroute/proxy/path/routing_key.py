@@ -2,7 +2,7 @@
 
 KV-cache reuse needs follow-up requests of a conversation to reach the engine that
 already holds its prefix, so the key must be the same for every turn and different
-across conversations. Sources, first present wins (DESIGN.md §3 step 4):
+across conversations. Sources, first present wins (docs/design.md §3 step 4):
 
 ====================  ================================================================
 source                key material

@@ -1,11 +1,11 @@
-"""Retry budget under a fleet where every engine fails half its requests (issue 4).
+"""Retry budget under a fleet where every engine fails half its requests.
 
 Set-up: 4 emulated engines, each answering 50 % of new requests at once with 503
 (``error_rate`` fault); the proxy in front (``retry.max_retries = 1``, top-k 3, so
 every request has a second candidate). Attempts are counted by the engines
 themselves: finished requests (``EngineModel.finished_total``) + injected errors.
 
-Bound (fastroute/guards/retry_budget.py, algorithms.md §3): retries over a run are at
+Bound (fastroute/guards/retry_budget.py, docs/algorithms.md §3): retries over a run are at
 most ``ratio × requests + min_retries_per_s × ttl_s`` per budget window, so attempts
 per request ≤ ``1 + ratio + floor × ttl_s / requests``. The whole run fits inside one
 window (``ttl_s`` = 30 s, the test is capped at 20 s), so nothing expires and the

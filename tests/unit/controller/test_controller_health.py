@@ -1,4 +1,7 @@
-"""Anomaly scoring and quantised derating with hysteresis (controller.health, algorithms.md §4)."""
+"""Anomaly scoring and quantised derating with hysteresis (controller.health).
+
+Algorithm: docs/algorithms.md §4.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The simulated fleet: 8 heterogeneous M/M/1-like engines (service rates ``MU``) at 75 % total load,
 latency ``1/(μ_e (1 − ρ_e))`` with ``ρ_e`` capped at 0.99, 3 % multiplicative measurement noise
-(seeded), 300 periods, metrics over the second half (reference/algorithms.md §8.2).
+(seeded), 300 periods, metrics over the second half (docs/algorithms.md §8.2).
 """
 
 from __future__ import annotations

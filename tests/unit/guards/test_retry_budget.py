@@ -40,7 +40,7 @@ def test_amplification_is_bounded_by_ratio_plus_floor(
     measured = simulate(budget, failure_p, rate_rps=1000.0, duration_s=60.0, rng=rand)
     bound = 1.0 + 0.1 + 2.0 / 1000.0
     assert measured <= bound + 1e-9
-    # algorithms.md §3 measured 1.050 / 1.102 / 1.102; binomial noise at 5 % over 60 k
+    # docs/algorithms.md §3 derives 1.050 / 1.102 / 1.102; binomial noise at 5 % over 60 k
     # requests is ±0.0009 (1 sigma), so 0.003 is > 3 sigma.
     assert measured == pytest.approx(expected, abs=0.003)
     if failure_p == 0.05:
