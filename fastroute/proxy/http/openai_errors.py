@@ -10,18 +10,35 @@ body (the ``openai`` client raises ``APIError`` on it).
 Status mapping (style.md §3.1): bad input 400, unknown model or route 404, body too
 large 413, shed or admission 429, no engine 503, upstream connect error or 5xx 502,
 upstream timeout 504.
+
+Engines answer errors in one of two shapes, both read by :func:`parse_error_body`:
+wrapped like OpenAI's (vLLM, llama.cpp; ``code`` an integer, vLLM's equal to the HTTP
+status) or flat, ``{"object": "error", "message", "type", "param", "code"}`` (SGLang's
+``ErrorResponse``). A ``code`` is relayed as the engine sent it, string or integer
+(OpenAI's own codes are strings; the ``openai`` client accepts either).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from fastroute.proxy.http.reply import Reply
 
-__all__ = ["error_body", "error_reply", "sse_error_event", "TYPE_BY_STATUS"]
+__all__ = [
+    "error_body",
+    "error_reply",
+    "sse_error_event",
+    "parse_error_body",
+    "ErrorFields",
+    "ErrorCode",
+    "TYPE_BY_STATUS",
+]
+
+#: An error's ``code``: OpenAI's are strings, vLLM's, SGLang's and llama.cpp's integers.
+ErrorCode = str | int
 
 #: The ``error.type`` OpenAI uses for each status the proxy returns.
 TYPE_BY_STATUS: dict[int, str] = {
@@ -46,7 +63,7 @@ def error_body(
     *,
     type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
     param: str | None = None,
-    code: str | None = None,
+    code: ErrorCode | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Return ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
@@ -56,7 +73,7 @@ def error_reply(
     status: int,
     message: str,
     *,
-    code: str | None = None,
+    code: ErrorCode | None = None,
     param: str | None = None,
     type: str | None = None,  # noqa: A002 - OpenAI's field name
     headers: Mapping[str, str] | None = None,
@@ -69,8 +86,9 @@ def error_reply(
         HTTP status.
     message : str
         Human-readable message: what was expected and what was found.
-    code : str, optional
-        Machine-readable code (``"model_not_found"``, ``"no_engine_available"``...).
+    code : str or int, optional
+        Machine-readable code (``"model_not_found"``, ``"no_engine_available"``...; an
+        engine's integer code is relayed as it is).
     param : str, optional
         The request parameter at fault (``"model"``, ``"messages[0].role"``).
     type : str, optional
@@ -94,13 +112,63 @@ def _error_json(
     message: str,
     type: str | None,
     param: str | None,
-    code: str | None,  # noqa: A002
+    code: ErrorCode | None,  # noqa: A002
 ) -> bytes:
     """The encoded error body; ``type`` defaults from the status (:data:`TYPE_BY_STATUS`)."""
     kind = type or TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "api_error")
     return _encode(error_body(message, type=kind, param=param, code=code))
 
 
-def sse_error_event(message: str, *, code: str | None = None, type: str = "server_error") -> bytes:  # noqa: A002
+def sse_error_event(
+    message: str,
+    *,
+    code: ErrorCode | None = None,
+    type: str = "server_error",  # noqa: A002
+) -> bytes:
     """One SSE event ``data: {"error": {...}}`` followed by the blank line."""
     return b"data: " + _encode(error_body(message, type=type, code=code)) + b"\n\n"
+
+
+class ErrorFields(NamedTuple):
+    """The fields of an engine's error body (each None when absent or of another type)."""
+
+    message: str | None
+    type: str | None
+    param: str | None
+    code: ErrorCode | None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def parse_error_body(data: bytes) -> ErrorFields | None:
+    """The fields of an engine's error body, wrapped or flat; None when it is not JSON.
+
+    Accepted shapes: ``{"error": {"message", "type", "param", "code"}}`` (OpenAI, vLLM,
+    llama.cpp), ``{"error": "message"}``, the flat ``{"object": "error", "message",
+    "type", "param", "code"}`` (SGLang) and FastAPI's ``{"detail": "message"}`` (vLLM's
+    unknown routes). ``code`` is kept when a string or an integer (not a bool).
+    """
+    try:
+        body = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(body, dict):
+        return ErrorFields(None, None, None, None)
+    err = body.get("error")
+    if isinstance(err, str):
+        return ErrorFields(err or None, None, None, None)
+    if not isinstance(err, dict):  # flat (SGLang) or FastAPI's detail
+        err = body
+        if not isinstance(err.get("message"), str) and isinstance(err.get("detail"), str):
+            err = {"message": err["detail"]}
+    code = err.get("code")
+    if isinstance(code, bool) or not isinstance(code, str | int):
+        code = None
+    return ErrorFields(
+        _str_or_none(err.get("message")) or None,
+        _str_or_none(err.get("type")),
+        _str_or_none(err.get("param")),
+        code,
+    )

@@ -5,14 +5,17 @@ A model served by ``role = "prefill"`` and ``role = "decode"`` engines and by no
 serving proxy protocol, as the emulator implements it):
 
 1. **Prefill** on an engine of the prefill pool: the original body with
-   ``max_tokens: 1`` (and ``max_completion_tokens: 1`` if present), ``stream: false``
-   and ``kv_transfer_params = {"do_remote_decode": true, "do_remote_prefill": false,
-   ...}``. The engine computes the prompt's KV, keeps it, and answers JSON whose
-   ``kv_transfer_params`` say where it is (``remote_engine_id``,
-   ``remote_request_id``, ``remote_block_ids``, ``remote_host``, ``remote_port``).
+   ``max_tokens: 1`` (and ``max_completion_tokens: 1`` if present), ``stream: false``,
+   ``n: 1``, without the fields a one-token answer conflicts with (``min_tokens``,
+   ``stream_options``...: :func:`prefill_body`) and with ``kv_transfer_params =
+   {"do_remote_decode": true, "do_remote_prefill": false, ...}``. The engine computes
+   the prompt's KV, keeps it, and answers JSON whose ``kv_transfer_params`` say where
+   it is (``remote_engine_id``, ``remote_request_id``, ``remote_block_ids``,
+   ``remote_host``, ``remote_port``).
 2. **Decode** on an engine of the decode pool: the original body (streamed or not, as
    the client asked) plus the returned ``kv_transfer_params``; the decode engine pulls
-   the KV and generates. Its response is relayed to the client like any other.
+   the KV and generates. Its response is relayed to the client like any other, with
+   the prefill's ``cached_tokens`` in its usage (:mod:`fastroute.proxy.path.pd_usage`).
 
 Each pool is a :class:`~fastroute.proxy.path.fleet.Fleet` of its own: its own eligibility,
 in-flight counts and outlier detector, so a dead prefill pool never marks a decode
@@ -42,6 +45,7 @@ from fastroute.tables.stats import StatsBlock
 __all__ = [
     "PDPools",
     "prefill_body",
+    "PREFILL_DROPPED",
     "decode_body",
     "transfer_params",
     "PDProtocolError",
@@ -127,14 +131,40 @@ class PDPools:
         self._selectors[policy_name] = selector
 
 
+#: Fields of the client's request the prefill step drops: each conflicts with a
+#: one-token, not streamed answer (vLLM rejects the body otherwise), or only matters to
+#: the tokens the decode engine generates. The decode step gets them all back.
+PREFILL_DROPPED = (
+    # vLLM's SamplingParams: ``min_tokens > max_tokens`` is a 400, so any request with
+    # min_tokens >= 2 would fail at the prefill (vLLM's reference P/D proxy drops both)
+    "min_tokens",
+    "min_completion_tokens",
+    # vLLM: "Stream options can only be defined when `stream=True`" (400)
+    "stream_options",
+    # best_of >= n is checked against n, which the prefill sets to 1; one token of one
+    # sequence is all a prefill answers (its text is thrown away)
+    "best_of",
+)
+
+
 def prefill_body(request: dict[str, Any]) -> bytes:
-    """The prefill step's body: one token, not streamed, KV kept for a decode engine."""
-    body = dict(request)
+    """The prefill step's body: one token, not streamed, KV kept for a decode engine.
+
+    ``max_tokens`` (and ``max_completion_tokens`` if present) become 1, ``stream``
+    false, ``n`` 1 (the prompt's KV is the same for every choice; the decode engine
+    samples the client's ``n``), the fields of :data:`PREFILL_DROPPED` go, and
+    ``kv_transfer_params`` asks the engine to keep the KV. Everything else stays: it is
+    valid with one output token (``stop``, ``logprobs``/``top_logprobs``, penalties,
+    ``response_format``, ``ignore_eos``...) and the engine must see the same prompt
+    (``messages``, ``prompt``, ``tools``, chat template fields) for the KV to match.
+    """
+    body = {k: v for k, v in request.items() if k not in PREFILL_DROPPED}
     body["max_tokens"] = 1
     if "max_completion_tokens" in body:
         body["max_completion_tokens"] = 1
     body["stream"] = False
-    body.pop("stream_options", None)
+    if "n" in body:
+        body["n"] = 1
     body["kv_transfer_params"] = PREFILL_PARAMS
     return msgspec.json.encode(body)
 

@@ -3,7 +3,8 @@
 The pair is decided once (the class's :class:`~fastroute.proxy.path.strategy.PairStrategy`),
 then the request state is pointed at the prefill pool (the prefill body, a sink that
 refuses to stream) and forwarded, then at the decode pool (the decode body with the
-prefill's ``kv_transfer_params``, the client's sink) and forwarded again, both through
+prefill's ``kv_transfer_params``, the client's sink, whose usage gets the prefill's
+``cached_tokens``: :mod:`fastroute.proxy.path.pd_usage`) and forwarded again, both through
 :meth:`Forwarder.try_ranked <fastroute.proxy.path.forward.Forwarder.try_ranked>`.
 """
 
@@ -21,6 +22,11 @@ from fastroute.proxy.path.decisions import DecisionRecord
 from fastroute.proxy.path.forward import Forwarder
 from fastroute.proxy.path.headers import decision_headers
 from fastroute.proxy.path.pd import PDProtocolError, decode_body, prefill_body, transfer_params
+from fastroute.proxy.path.pd_usage import (
+    CachedTokensSink,
+    prefill_cached_tokens,
+    with_prefill_cached,
+)
 from fastroute.proxy.path.records import choice_renderer, pd_renderer
 from fastroute.proxy.path.request_state import RequestState
 from fastroute.proxy.path.routing_key import estimate_prompt_tokens
@@ -105,14 +111,20 @@ class PDStages:
             if reply.status != 200:
                 return reply  # the prefill pool's error (after its retry), in OpenAI shape
             params = transfer_params(reply.body)
+            cached = prefill_cached_tokens(reply.body)
         except PDProtocolError as exc:
             return _protocol_error(record, str(exc))
         except _PrefillStreamed:
             return _protocol_error(record, "the prefill engine answered a stream")
         record.timings["prefilled"] = state.loop.time() - state.t0
         _enter(state, pair.decode, d_route, "decode")
-        state.body, state.sink = decode_body(original, params), client_sink
-        return await self.forwarder.try_ranked(state, d_dec)
+        # the client sees the prefill's cached_tokens, not the decode engine's ~100 %
+        state.body = decode_body(original, params)
+        state.sink = CachedTokensSink(client_sink, cached)
+        reply = await self.forwarder.try_ranked(state, d_dec)
+        if reply.status == 200 and not reply.streamed:
+            reply.body = with_prefill_cached(reply.body, cached)
+        return reply
 
     def _decide(self, state: RequestState, pair: PairStrategy) -> Reply | _Pair:
         """The pair's decisions, recorded; or the response refusing the request."""

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from fastroute.guards.outlier import Outcome
 from fastroute.proxy.http.http1 import Response
-from fastroute.proxy.http.openai_errors import error_reply, sse_error_event
+from fastroute.proxy.http.openai_errors import (
+    ErrorCode,
+    error_reply,
+    parse_error_body,
+    sse_error_event,
+)
 from fastroute.proxy.http.reply import Reply, Splice
 from fastroute.proxy.http.upstream import UpstreamError
 from fastroute.proxy.path.decisions import Attempt
@@ -73,19 +76,18 @@ class _StreamTally:
 
 def scrub_error(
     fleet: Fleet, data: bytes, engine: str, status: int
-) -> tuple[str, str | None, str | None, str | None]:
-    """Message, type, param, code of an engine's error body, without its address."""
+) -> tuple[str, str | None, str | None, ErrorCode | None]:
+    """Message, type, param, code of an engine's error body (wrapped or flat,
+    :func:`~fastroute.proxy.http.openai_errors.parse_error_body`), without its address.
+
+    A body that is not JSON, or has no message, gets one naming the engine and status.
+    """
     message = f"Engine {engine} rejected the request (HTTP {status})."
+    fields = parse_error_body(data)
     etype = param = code = None
-    try:
-        err = msgspec.json.decode(data)["error"]
-        if isinstance(err, dict):
-            message = str(err.get("message") or message)
-            etype = err.get("type") if isinstance(err.get("type"), str) else None
-            param = err.get("param") if isinstance(err.get("param"), str) else None
-            code = err.get("code") if isinstance(err.get("code"), str) else None
-    except (msgspec.DecodeError, KeyError, TypeError):
-        pass
+    if fields is not None:
+        message = fields.message or message
+        etype, param, code = fields.type, fields.param, fields.code
     e = fleet.engines[fleet.names.index(engine)]
     netloc = e.url.split("://", 1)[-1]
     for secret in (e.url, netloc):

@@ -122,3 +122,56 @@ def test_pd_prefill_failure_retried_then_502_and_decode_stays_healthy(h: Harness
             assert ctx.pd.decode.outlier.available_mask(ctx.pd.decode.clock()).all()
 
     h.run(main())
+
+
+def test_pd_with_min_tokens_succeeds_and_the_prefill_engine_gets_no_min_tokens(
+    h: Harness,
+) -> None:
+    """``min_tokens: 4`` with ``max_tokens: 6``: the emulator, like vLLM, refuses
+    ``min_tokens > max_tokens``, so a prefill body keeping it would fail with 400."""
+
+    async def main() -> None:
+        async with pd_stack(PD_RETRY) as (fleet, _, url), aiohttp.ClientSession() as s:
+            for stream in (False, True):
+                body = h.chat_body("at least four", max_tokens=6, min_tokens=4, stream=stream)
+                async with s.post(url + "/v1/chat/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    if stream:
+                        events, done = await h.read_sse(r)
+                        assert done and not any("error" in e for e in events)
+                    else:
+                        usage = (await r.json())["usage"]
+                        assert usage["completion_tokens"] >= 4  # the decode kept min_tokens
+                    record = await decision_record(s, url, r.headers["x-request-id"])
+                assert [a["outcome"] for a in record["attempts"]] == ["success", "success"]
+            prefills = sum(sum(e.model.finished_total.values()) for e in fleet.engines[:2])
+            assert prefills == 2
+
+    h.run(main())
+
+
+def test_pd_usage_reports_the_prefill_engines_cached_tokens(h: Harness) -> None:
+    """The decode engine counts the transferred prompt as cached; the client sees the
+    prefill engine's count (0 for a prompt no engine has seen), JSON and streamed."""
+
+    async def main() -> None:
+        async with pd_stack(PD_RETRY) as (_, _ctx, url), aiohttp.ClientSession() as s:
+            for i, stream in enumerate((False, True)):
+                prompt = f"{i} a prompt nobody sent before: " + "word " * 200
+                body = h.chat_body(prompt, system=f"{i} is new.", max_tokens=3, stream=stream)
+                if stream:
+                    body["stream_options"] = {"include_usage": True}
+                async with s.post(url + "/v1/chat/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    if stream:
+                        events, done = await h.read_sse(r)
+                        assert done
+                        usages = [e["usage"] for e in events if e.get("usage")]
+                        assert len(usages) == 1
+                        usage = usages[0]
+                    else:
+                        usage = (await r.json())["usage"]
+                assert usage["prompt_tokens"] > 200
+                assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+
+    h.run(main())

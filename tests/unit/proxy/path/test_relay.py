@@ -17,9 +17,25 @@ def test_an_engine_error_keeps_its_fields_but_not_the_engines_address() -> None:
     )
     message, etype, param, code = scrub_error(fleet, body, "e0", 400)
     assert message == "<e0> and <e0> said no"
-    assert (etype, param, code) == ("invalid_request_error", "n", None)  # code not a str
+    assert (etype, param, code) == ("invalid_request_error", "n", 7)  # an integer code stays
     fallback = scrub_error(fleet, b"not json", "e0", 422)
     assert fallback == ("Engine e0 rejected the request (HTTP 422).", None, None, None)
+
+
+def test_a_flat_sglang_error_keeps_its_message_and_integer_code() -> None:
+    fleet = Fleet(decode_config(_CONFIG))
+    body = (
+        b'{"object": "error", "message": "bad top_p from 10.1.2.3:9000",'
+        b' "type": "BadRequestError", "param": "top_p", "code": 400}'
+    )
+    assert scrub_error(fleet, body, "e0", 400) == (
+        "bad top_p from <e0>",
+        "BadRequestError",
+        "top_p",
+        400,
+    )
+    no_message = scrub_error(fleet, b'{"object": "error", "code": 400}', "e0", 400)
+    assert no_message == ("Engine e0 rejected the request (HTTP 400).", None, None, 400)
 
 
 class _Tracked:
