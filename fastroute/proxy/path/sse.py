@@ -11,9 +11,10 @@ usage event (``"choices":[]``), an in-stream error (``data: {"error": ...}``) an
 lagging reader), so the count of tokens is the engine's ``usage.completion_tokens``
 when it sent usage, else one per token event (the best estimate).
 
-The check is a few byte searches per event on compact JSON (what vLLM, SGLang,
-llama.cpp and the emulator write); only an event none of them decides and that is
-not compact (``": "``) is decoded.
+The check is a few byte searches per read on compact JSON (what vLLM, SGLang,
+llama.cpp and the emulator write); after the first token a read of content events
+only costs two counts and one search. A stream whose first event is not compact
+(``": "``) is checked event by event, decoding what the byte marks do not decide.
 
 :class:`StreamMeter` also holds back a read's partial last event until its end
 arrives (a client acts on whole events only), so each event is classified whole, and
@@ -42,12 +43,14 @@ _EVENT_END = b"\n\n"
 _ERROR_START = b'data: {"error"'
 _DONE = b"data: [DONE]"
 _USAGE_KEY = b'"usage":{'
+_CONTENT = b'"content":"'
+_EMPTY_CONTENT = b'"content":""'
+#: Bytes of the first read in which a non-compact engine's JSON shows a ``": ``.
+_HEAD_BYTES = 80
 _FINISH = b'"finish_reason":"'
 #: A string field that carries a token when its value is not empty (compact JSON).
 _TOKEN_STRINGS = (b'"content":"', b'"reasoning":"', b'"reasoning_content":"', b'"text":"')
 _TOOL_CALLS = b'"tool_calls":['
-_QUOTE = ord('"')
-_CLOSE = ord("]")
 #: A partial event longer than this is relayed without waiting for its end.
 MAX_HELD_BYTES = 1 << 16
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
@@ -84,6 +87,21 @@ def _decoded_has_token(data: bytes) -> bool:
         if d is not None and (d.content or d.reasoning or d.reasoning_content or d.tool_calls):
             return True
     return False
+
+
+def _compact_tokens(chunk: bytes) -> int:
+    """Token events among a compact-JSON chunk's events: the non-empty token fields (an
+    event has one; a structural ``"content":"`` cannot occur inside a JSON string, where
+    every quote is escaped)."""
+    n = chunk.count(b'"content":"') - chunk.count(b'"content":""')
+    if b'"reasoning' in chunk:
+        n += chunk.count(b'"reasoning":"') - chunk.count(b'"reasoning":""')
+        n += chunk.count(b'"reasoning_content":"') - chunk.count(b'"reasoning_content":""')
+    if b'"text":"' in chunk:
+        n += chunk.count(b'"text":"') - chunk.count(b'"text":""')
+    if _TOOL_CALLS in chunk:
+        n += chunk.count(_TOOL_CALLS) - chunk.count(b'"tool_calls":[]')
+    return n
 
 
 def has_token(event: bytes) -> bool:
@@ -133,6 +151,8 @@ class StreamMeter:
         "usage",
         "error",
         "held",
+        "compact",
+        "fast",
     )
 
     def __init__(self, strip_usage: bool = False) -> None:
@@ -142,6 +162,8 @@ class StreamMeter:
         self.usage: _Usage | None = None
         self.error: bytes | None = None
         self.held = b""  # the partial event of the last read
+        self.compact: bool | None = None  # compact JSON (decided on the first read)
+        self.fast = False  # content-only reads take one count and one search
 
     @property
     def tokens(self) -> int:
@@ -182,35 +204,49 @@ class StreamMeter:
                 return b""
             self.held = chunk[cut:]
             chunk = chunk[:cut]
-        if chunk.count(DATA_PREFIX) <= 1:
-            return b"" if self._event(chunk, now) else chunk
-        drop = False
-        for event in chunk.split(_EVENT_END):
-            if event:
-                drop = self._event(event, now) or drop
-        return _without_usage(chunk) if drop else chunk
+        if self.fast:  # after the first token: a read of content events only?
+            n = chunk.count(_CONTENT)
+            if n and n == chunk.count(DATA_PREFIX) and _EMPTY_CONTENT not in chunk:
+                self.token_events += n
+                self.last_at = now
+                return chunk
+        return self._classify(chunk, now)
 
-    def _event(self, event: bytes, now: float) -> bool:
-        """Measure one event; whether to drop it (the usage event the client did not ask for)."""
-        if has_token(event):
+    def _classify(self, chunk: bytes, now: float) -> bytes:
+        """Measure a read of whole events of any kind; the bytes to relay for it."""
+        if self.compact is None:  # the engine's JSON style, from its first event
+            self.compact = b'": ' not in chunk[:_HEAD_BYTES]
+        if self.compact:
+            n = _compact_tokens(chunk)
+        else:
+            n = sum(has_token(e) for e in chunk.split(_EVENT_END) if e)
+        if n:
             if self.token_events == 0:
                 self.first_at = now
-            self.token_events += 1
+            self.token_events += n
             self.last_at = now
-            if _USAGE_KEY in event:  # continuous_usage_stats
-                self.usage = parse_usage(event[len(DATA_PREFIX) :].strip()) or self.usage
-            return False
-        if event.startswith(_ERROR_START):
-            self.error = event[len(DATA_PREFIX) :].strip()
-            return False
-        if self.token_events and _FINISH in event:
+            # continuous_usage_stats: every event has usage, so no fast path
+            self.fast = self.compact and _USAGE_KEY not in chunk
+        elif self.token_events and _FINISH in chunk:
             self.end_at = now  # an empty final delta: the end-of-sequence token
-        if _USAGE_KEY in event:
-            usage = parse_usage(event[len(DATA_PREFIX) :].strip())
-            if usage is not None:
-                self.usage = usage
-                return self.strip_usage and USAGE_MARK in event
-        return False
+        if _USAGE_KEY in chunk and self._read_usage(chunk):
+            chunk = _without_usage(chunk)
+        if _ERROR_START in chunk:
+            start = chunk.index(_ERROR_START) + len(DATA_PREFIX)
+            end = chunk.find(_EVENT_END, start)
+            self.error = chunk[start : None if end < 0 else end].strip()
+        return chunk
+
+    def _read_usage(self, chunk: bytes) -> bool:
+        """Take the ``usage`` of the chunk's events; whether to strip its usage event."""
+        strip = False
+        for line in chunk.split(b"\n"):
+            if line.startswith(DATA_PREFIX) and _USAGE_KEY in line:
+                usage = parse_usage(line[len(DATA_PREFIX) :])
+                if usage is not None:
+                    self.usage = usage
+                    strip = strip or (self.strip_usage and USAGE_MARK in line)
+        return strip
 
     def finish(self, now: float) -> bytes:
         """The held partial event, measured, at the body's end."""
