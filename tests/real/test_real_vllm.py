@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import real_harness as rh
@@ -218,15 +218,21 @@ def test_tbot_and_tokens_are_the_engines(
     if client_usage:
         body["stream_options"] = {"include_usage": True}
     events: list[tuple[float, Any]] = []
-    with httpx.Client(timeout=60.0) as http:
-        with http.stream("POST", proxy.url + "/v1/chat/completions", json=body) as resp:
-            assert resp.status_code == 200
-            rid = resp.headers["x-request-id"]
-            for line in resp.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    events.append((time.monotonic(), json.loads(line[6:])))
-        time.sleep(0.2)  # the record is complete once the proxy's handler returned
-        record = http.get(proxy.url + f"/admin/decisions/{rid}").json()
+    post = urllib.request.Request(
+        proxy.url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(post, timeout=60.0) as resp:
+        assert resp.status == 200
+        rid = resp.headers["x-request-id"]
+        for raw in resp:
+            line = raw.strip()
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                events.append((time.monotonic(), json.loads(line[6:])))
+    time.sleep(0.2)  # the record is complete once the proxy's handler returned
+    with urllib.request.urlopen(proxy.url + f"/admin/decisions/{rid}", timeout=10.0) as resp:
+        record = json.loads(resp.read())
     usage_events = [e for _, e in events if e.get("choices") == []]
     if client_usage:
         assert len(usage_events) == 1 and usage_events[0]["usage"]["completion_tokens"] == 64
