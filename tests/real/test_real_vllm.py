@@ -9,6 +9,9 @@ nothing sensible, so requests pin their length with ``ignore_eos`` and check cou
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -194,3 +197,54 @@ def test_scraper_reads_the_real_vllm_metrics(
         assert s.ttft_s is not None and s.itl_s is not None and s.e2e_s is not None
         served += s.e2e_s.count
     assert served >= 1  # the request above finished on one of them
+
+
+@pytest.mark.parametrize("client_usage", [False, True], ids=["no-usage", "usage"])
+@pytest.mark.parametrize("interval", [1, 4])
+def test_tbot_and_tokens_are_the_engines(
+    proxy: rh.Running, interval: int, client_usage: bool
+) -> None:
+    """The proxy's TBOT and output length are within 10 % of vLLM's own (its usage, and
+    the span of the text events the client saw), at 1 and 4 tokens per event; the usage
+    event reaches only a client that asked for it."""
+    body: dict[str, Any] = {
+        "model": rh.MODEL,
+        "messages": [{"role": "user", "content": "hello world"}],
+        "max_tokens": 64,
+        "stream": True,
+        "stream_interval": interval,
+        **PINNED,
+    }
+    if client_usage:
+        body["stream_options"] = {"include_usage": True}
+    events: list[tuple[float, Any]] = []
+    post = urllib.request.Request(
+        proxy.url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(post, timeout=60.0) as resp:
+        assert resp.status == 200
+        rid = resp.headers["x-request-id"]
+        for raw in resp:
+            line = raw.strip()
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                events.append((time.monotonic(), json.loads(line[6:])))
+    time.sleep(0.2)  # the record is complete once the proxy's handler returned
+    with urllib.request.urlopen(proxy.url + f"/admin/decisions/{rid}", timeout=10.0) as resp:
+        record = json.loads(resp.read())
+    usage_events = [e for _, e in events if e.get("choices") == []]
+    if client_usage:
+        assert len(usage_events) == 1 and usage_events[0]["usage"]["completion_tokens"] == 64
+    else:
+        assert usage_events == [] and all(e.get("usage") is None for _, e in events)
+    text_times = [
+        t for t, e in events if e.get("choices") and e["choices"][0]["delta"].get("content")
+    ]
+    if interval == 4:
+        assert len(text_times) < 20  # several tokens per event
+    true_tbot = (text_times[-1] - text_times[0]) / 63
+    attempt = record["attempts"][0]
+    assert attempt["outcome"] == "success"
+    assert attempt["output_tokens"] == pytest.approx(64, rel=0.10)
+    assert record["timings"]["tbot_s"] == pytest.approx(true_tbot, rel=0.10)

@@ -41,6 +41,9 @@ class Attempt:
     duration_s: float | None = None
     #: ``prefill`` or ``decode`` for the steps of a P/D request; None for whole requests.
     stage: str | None = None
+    #: A stream's output tokens: the engine's ``usage.completion_tokens``, else the
+    #: events that carried tokens.
+    output_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -78,7 +81,7 @@ class DecisionRecord:
         403, 404, 413: no class, no candidates), a shed, a failed attempt...
     timings : dict of str to float
         Seconds from arrival: ``decided``, ``first_byte``, ``first_token``, ``done``;
-        ``tbot_s`` mean time between streamed chunks.
+        ``tbot_s`` mean time between output tokens after the first.
     prediction : dict or None
         ``marginal-cost`` classes only: the predicted TTFT/TPOT, output length, cached
         tokens, the marginal cost (seconds) of each ranked candidate, why a request was

@@ -8,7 +8,7 @@ request path never touches it.
 
 * **this worker's bookkeeping**, exact for its own requests: an attempt is *queued*
   (its prompt tokens in ``queued_prefill_tokens``, one in ``queued_requests``) from
-  the moment it is forwarded until its first streamed chunk, then *running* (one
+  the moment it is forwarded until its first streamed token, then *running* (one
   sequence in ``running_seqs``, prompt plus streamed tokens in
   ``running_context_tokens``, added :data:`FLUSH_TOKENS` at a time) until it ends.
   ``kv_used_tokens`` is the sum of both.
@@ -29,14 +29,15 @@ Each tracked attempt is an :class:`AttemptLoad`. When it ends successfully its
 timings calibrate the policy's :class:`~fastroute.predict.FleetCalibration`
 (one ``observe_*`` call each, bounded cost per request):
 
-* a stream: ``observe_prefill`` with the in-band TTFT (forward → first chunk) over the
+* a stream: ``observe_prefill`` with the in-band TTFT (forward → first token event) over the
   prompt's uncached tokens (``usage.prompt_tokens_details.cached_tokens`` when the
   engine sent usage, else 0) and the load it met on arrival; ``observe_decode`` with
-  the mean time between chunks (TBOT) at the batch and context it ran beside and the
+  the mean time between output tokens (TBOT, token-true: see
+  :class:`~fastroute.proxy.path.sse.StreamMeter`) at the batch and context it ran beside and the
   prompt tokens per decode step prefilled on the engine meanwhile (the mixed-step
   feature: :class:`~fastroute.predict.interleave.PrefillInterleave`: every
-  non-decode-stage attempt's prompt is counted at its first chunk, or at the end of a
-  JSON answer; an attempt marks the count at its first chunk and reads it at its end);
+  non-decode-stage attempt's prompt is counted at its first token, or at the end of a
+  JSON answer; an attempt marks the count at its first token and reads it at its end);
 * a JSON answer of one output token (the prefill step of a P/D request):
   ``observe_prefill`` with the whole attempt's duration;
 * and in both cases the output length (``usage.completion_tokens``, else the streamed
@@ -164,7 +165,7 @@ class AttemptLoad:
         self.queued0 = float(row[_Q_TOK])
         self.first_s = math.nan
         self.last_s = math.nan
-        self.mix_mark = 0.0  # the engine's prefilled prompt tokens at the first chunk
+        self.mix_mark = 0.0  # the engine's prefilled prompt tokens at the first token
         self.events = 0
         self.flushed = 0  # events already added to the engine's context
         self.usage: _Usage | None = None
@@ -174,7 +175,7 @@ class AttemptLoad:
         self.decode_stage = decode_stage
 
     def first_token(self, now_s: float) -> None:
-        """The first chunk arrived: queued → running."""
+        """The first output token arrived: queued → running."""
         if self.first_s == self.first_s:  # already running
             return
         self.first_s = self.last_s = now_s
@@ -189,34 +190,17 @@ class AttemptLoad:
         v[self.index, _B] += 1
         v[self.index, _S] += n
 
-    def chunk(self, data: bytes, now_s: float) -> None:
-        """A streamed chunk (one or more SSE events) was relayed.
-
-        Counts the events that carry output tokens: not ``[DONE]``, not the usage
-        event (``"choices":[]``), not the first chat event (the assistant role with
-        empty content), which would bias the TBOT low.
-        """
-        events = data.count(b"data: ")
-        if b'"usage"' in data:
-            for line in data.split(b"\n"):
-                if line.startswith(b"data: {") and b'"usage"' in line:
-                    usage = parse_usage(line[6:])
-                    if usage is not None:
-                        self.usage = usage
-            events -= data.count(b'"choices":[]')
-        if b"[DONE]" in data:
-            events -= 1
-        if b'"role"' in data:
-            events -= data.count(b'"role"')
-        if events > 0:
-            self.events += events
-            self.last_s = now_s
-            pending = self.events - self.flushed
-            if pending >= FLUSH_TOKENS:
-                self.flushed = self.events
-                v = self.load.state.values
-                v[self.index, _S] += pending
-                v[self.index, _KV_USED] += pending
+    def tokens(self, events: int, now_s: float) -> None:
+        """``events`` more streamed events carried output tokens (at ``now_s``); the
+        stream's ``usage`` is set by the relay at its end."""
+        self.events += events
+        self.last_s = now_s
+        pending = self.events - self.flushed
+        if pending >= FLUSH_TOKENS:
+            self.flushed = self.events
+            v = self.load.state.values
+            v[self.index, _S] += pending
+            v[self.index, _KV_USED] += pending
 
     def body(self, data: bytes) -> None:
         """A JSON answer was read whole."""
@@ -369,8 +353,8 @@ class EngineLoad:
                     batch=batch, context=context, queued_tokens=int(a.queued0),
                 )  # fmt: skip
                 self.observed += 1
-            if a.events > 1 and a.last_s > a.first_s:
-                steps = a.events - 1
+            if a.events > 1 and out > 1 and a.last_s > a.first_s:
+                steps = out - 1  # the span first..last token event covers out - 1 tokens
                 tbot = (a.last_s - a.first_s) / steps
                 mix = self.interleave.per_step(a.index, a.mix_mark, steps)
                 self.state.values[a.index, _MIX] = self.interleave.expected[a.index]

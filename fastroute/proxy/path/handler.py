@@ -59,6 +59,7 @@ from fastroute.proxy.path.pd_stages import PDStages
 from fastroute.proxy.path.records import choice_renderer
 from fastroute.proxy.path.request_state import RequestState
 from fastroute.proxy.path.routing_key import estimate_prompt_tokens, routing_key
+from fastroute.proxy.path.sse import ask_for_usage
 from fastroute.proxy.path.strategy import build_pair_strategies, build_strategies
 from fastroute.signals.reports import DemandAggregator
 
@@ -270,6 +271,11 @@ class InferenceHandler:
             raise classifier.too_large()
         parsed = state.parsed = classifier.parse(state.kind, state.body)
         state.record.model = parsed.model or ""
+        if parsed.stream and state.kind != "embeddings":
+            # Token counts from the engine: ask for the usage event, strip it on relay.
+            body = ask_for_usage(state.body, parsed.stream_options)
+            if body is not None:
+                state.body, state.strip_usage = body, True
         cls = classifier.classify(state)
         strategy = state.strategy = self._strategies[self.config.policy_for(cls)]
         if strategy.reads_slos:

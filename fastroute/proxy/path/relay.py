@@ -8,6 +8,8 @@ and a clean end of the body.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from fastroute.guards.outlier import Outcome
@@ -25,7 +27,7 @@ from fastroute.proxy.path.engine_load import AttemptLoad
 from fastroute.proxy.path.headers import HeaderRelay, decision_headers
 from fastroute.proxy.path.outcomes import Retryable, record_outcome
 from fastroute.proxy.path.request_state import RequestState
-from fastroute.proxy.path.sse import DATA_PREFIX, USAGE_MARK, output_events
+from fastroute.proxy.path.sse import StreamMeter
 from fastroute.tables.stats import Ewma
 
 if TYPE_CHECKING:
@@ -38,40 +40,57 @@ _SSE_END = b"\n\n"
 
 
 class _StreamTally:
-    """What a relayed SSE body carried: chunks, ``data:`` events, usage events, the first
-    and last chunk and when the last arrived (for TBOT and output lengths).
+    """A relayed SSE body: its reads, the last bytes written and what its events carried
+    (:class:`~fastroute.proxy.path.sse.StreamMeter`).
 
-    ``tracked`` (``marginal-cost`` classes) is told of every chunk. With ``splice`` set,
+    ``on_first_token(now)`` runs at the first token event; ``tracked``
+    (``marginal-cost`` classes) is told of every token event. With ``splice`` set,
     :meth:`relay` is the engine connection's callback (:meth:`Response.relay`).
     """
 
-    __slots__ = ("n_chunks", "n_events", "n_usage", "first", "last", "last_at", "tracked", "splice")
+    __slots__ = ("n_chunks", "last", "meter", "tracked", "on_first_token", "splice")
 
-    def __init__(self, first: bytes, tracked: AttemptLoad | None) -> None:
-        self.n_chunks = self.n_events = self.n_usage = 0
-        self.first = first
-        self.last = b""  # the last chunk written; its tail is only looked at on failure
-        self.last_at = 0.0
+    def __init__(
+        self,
+        meter: StreamMeter,
+        tracked: AttemptLoad | None,
+        on_first_token: Callable[[float], None],
+    ) -> None:
+        self.n_chunks = 0
+        self.last = b""  # the last bytes written; its tail is only looked at on failure
+        self.meter = meter
         self.tracked = tracked
+        self.on_first_token = on_first_token
         self.splice: Splice | None = None
 
-    def add(self, chunk: bytes, now: float) -> None:
-        """Count a chunk written to the client at ``now``."""
+    def add(self, chunk: bytes, now: float, last: bool = False) -> bytes:
+        """Measure a read at ``now``; the bytes to write for it."""
         self.n_chunks += 1
-        self.n_events += chunk.count(DATA_PREFIX)
-        self.n_usage += chunk.count(USAGE_MARK)
-        self.last = chunk
-        self.last_at = now
-        if self.tracked is not None:
-            self.tracked.chunk(chunk, now)
+        meter = self.meter
+        before = meter.token_events
+        data = meter.feed(chunk, now, last)
+        if data:
+            self.last = data
+        if meter.token_events != before:
+            if before == 0:
+                self.on_first_token(now)
+            if self.tracked is not None:
+                self.tracked.tokens(meter.token_events - before, now)
+        return data
+
+    def finish(self, now: float) -> bytes:
+        """The bytes still held at the body's end (a partial last event), measured."""
+        self.n_chunks -= 1
+        return self.add(b"", now, last=True)
 
     def relay(self, chunk: bytes, now: float, last: bool) -> bool:
-        """Write a chunk to the client (``last``: the engine's body ended with it, so
-        end the client's too) and count it; False when the client is full."""
+        """Write a read to the client (``last``: the engine's body ended with it, so end
+        the client's too) and measure it; False when the client is full."""
         assert self.splice is not None
-        writable = self.splice.write_now(chunk, last)
-        self.add(chunk, now)
-        return writable
+        data = self.add(chunk, now, last)
+        if data:  # an empty write would end the chunked body; the relay ends it
+            return self.splice.write_now(data, last)
+        return True
 
 
 def scrub_error(
@@ -155,7 +174,9 @@ class Relay:
     ) -> Reply:
         """Relay an SSE body chunk by chunk; the first chunk is read before committing.
 
-        ``tracked`` (``marginal-cost`` classes): told of the first chunk and every chunk.
+        TTFT is taken at the first event that carries a token, TBOT and the output
+        length from :class:`~fastroute.proxy.path.sse.StreamMeter`; ``tracked``
+        (``marginal-cost`` classes) is told of the first token and every token event.
         """
         ctx = self.ctx
         upstream = ctx.upstream
@@ -177,17 +198,12 @@ class Relay:
         headers = [("Cache-Control", "no-cache")]
         await sink.start(resp.status, headers, self.headers.to_client(resp, record))
         first_at = loop.time()
-        if tracked is not None:
-            tracked.first_token(first_at)
-        ttft_s = first_at - state.t0
-        record.timings["first_token"] = ttft_s
-        assert state.cls is not None
-        ctx.metrics.ttft_of(state.cls.name, attempt.engine).observe(ttft_s)
-        fleet.observe(index, Ewma.TTFT_S, ttft_s)
-        tally = _StreamTally(chunk, tracked)
+        meter = StreamMeter(state.strip_usage)
+        tally = _StreamTally(
+            meter, tracked, partial(self._first_token, state, index, attempt, tracked)
+        )
         try:
-            await sink.write(chunk)
-            tally.add(chunk, first_at)
+            await sink.write(tally.add(chunk, first_at))
             splice = sink.splice()
             failure: UpstreamError | None = None
             if splice is not None:
@@ -213,22 +229,65 @@ class Relay:
                         break
                     if not chunk:
                         break
-                    await sink.write(chunk)
-                    tally.add(chunk, loop.time())
+                    await sink.write(tally.add(chunk, loop.time()))
+            await sink.write(tally.finish(loop.time()))
+            self._stream_outcome(state, index, attempt, tally, failure)
             if failure is not None:
-                attempt.detail = f"stream broke after {tally.n_chunks} chunks: {failure.message}"
-                record_outcome(ctx, fleet, index, failure.outcome, attempt)
-                record.error = attempt.detail
                 sep = b"" if tally.last.endswith(_SSE_END) else _SSE_END
                 await sink.write(sep + sse_error_event(failure.message, code=failure.code))
-            else:
-                record_outcome(ctx, fleet, index, Outcome.SUCCESS, attempt)
             await sink.end()
         except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
             attempt.outcome = "client_disconnected"
             record.error = "client disconnected mid-stream"
+        if tracked is not None:
+            tracked.usage = meter.usage
         self._account(state, index, attempt, tally, first_at)
         return Reply(resp.status, headers, streamed=True)
+
+    def _first_token(
+        self,
+        state: RequestState,
+        index: int,
+        attempt: Attempt,
+        tracked: AttemptLoad | None,
+        now: float,
+    ) -> None:
+        """The stream's first token event arrived at ``now``: TTFT into the record,
+        metrics and fleet; the tracked attempt is running from here."""
+        fleet = state.fleet
+        assert fleet is not None and state.cls is not None
+        if tracked is not None:
+            tracked.first_token(now)
+        ttft_s = now - state.t0
+        state.record.timings["first_token"] = ttft_s
+        self.ctx.metrics.ttft_of(state.cls.name, attempt.engine).observe(ttft_s)
+        fleet.observe(index, Ewma.TTFT_S, ttft_s)
+
+    def _stream_outcome(
+        self,
+        state: RequestState,
+        index: int,
+        attempt: Attempt,
+        tally: _StreamTally,
+        failure: UpstreamError | None,
+    ) -> None:
+        """Record how a relayed stream ended: a broken stream, an in-stream error event
+        (an engine fault, though the status was 200) or a success."""
+        fleet = state.fleet
+        assert fleet is not None
+        error = tally.meter.error
+        if failure is not None:
+            attempt.detail = f"stream broke after {tally.n_chunks} chunks: {failure.message}"
+            outcome = failure.outcome
+        elif error is not None:
+            text = error[:200].decode(errors="replace")
+            attempt.detail = f"engine sent an in-stream error: {text}"
+            outcome = Outcome.HTTP_5XX
+        else:
+            record_outcome(self.ctx, fleet, index, Outcome.SUCCESS, attempt)
+            return
+        record_outcome(self.ctx, fleet, index, outcome, attempt)
+        state.record.error = attempt.detail
 
     def _account(
         self,
@@ -239,18 +298,18 @@ class Relay:
         first_at: float,
     ) -> None:
         """TBOT and output length of a relayed stream into the record, metrics, stats."""
-        ctx, fleet = self.ctx, state.fleet
+        ctx, fleet, meter = self.ctx, state.fleet, tally.meter
         assert fleet is not None and state.cls is not None
-        # TBOT over token events: the role event comes with the first token and [DONE]
-        # with the last, so the span first..last chunk covers n_tokens - 1 gaps
-        n_tokens = output_events(tally.n_events, tally.n_usage, tally.first, tally.last)
-        tbot_s: float | None = None
-        if n_tokens > 1:
-            tbot_s = (tally.last_at - first_at) / (n_tokens - 1)
+        n_tokens = attempt.output_tokens = meter.tokens
+        if meter.token_events == 0:  # no token at all: TTFT is the first byte's
+            state.record.timings.setdefault("first_token", first_at - state.t0)
+        tbot_s = meter.tbot_s
+        if tbot_s is not None:
             state.record.timings["tbot_s"] = tbot_s
             ctx.metrics.tbot_of(state.cls.name, attempt.engine).observe(tbot_s)
             fleet.observe(index, Ewma.TBOT_S, tbot_s)
         if ctx.aggregator is not None:
             engine_id = int(fleet.engine_ids[index])
-            ctx.aggregator.observe_latency(engine_id, first_at - state.t0, tbot_s)
+            ttft_s = state.record.timings["first_token"]
+            ctx.aggregator.observe_latency(engine_id, ttft_s, tbot_s)
             ctx.aggregator.observe_output(int(fleet.row_keys[state.row]), n_tokens)

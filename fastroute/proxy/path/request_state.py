@@ -75,6 +75,9 @@ class RequestState:
         Loop time by which the request must be done.
     unenforced : Decision or None
         The SLO-infeasible decision a not yet calibrated strategy routed anyway.
+    strip_usage : bool
+        ``body`` asks for the stream's usage event on the client's behalf (it did not):
+        the relay measures it and does not pass it on.
     """
 
     request: Any
@@ -101,3 +104,4 @@ class RequestState:
     stage: str | None = None
     deadline: float = 0.0
     unenforced: Decision | None = None
+    strip_usage: bool = False

@@ -27,6 +27,7 @@ field                      accepted
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 
@@ -128,6 +129,8 @@ class Message(msgspec.Struct):
 class _Common(msgspec.Struct, kw_only=True):
     model: str | None = None
     stream: bool | None = None
+    #: UNSET when the body has no ``stream_options`` key (see ``sse.ask_for_usage``).
+    stream_options: dict[str, Any] | None | msgspec.UnsetType = msgspec.UNSET
     user: str | None = None
     prompt_cache_key: str | None = None
     max_tokens: int | None = None

@@ -103,17 +103,18 @@ async def proxy_stack(
     table_name: str | None = None,
     engine_config: EngineConfig | None = None,
     timeouts: dict[str, float] | None = None,
-    kind: str = "vllm",
+    engine_options: dict[str, Any] | None = None,
 ) -> AsyncIterator[Stack]:
-    """Start ``n_engines`` emulated engines (behaving like ``kind``) and a proxy in front
-    of them."""
+    """Start ``n_engines`` emulated engines and a proxy in front of them
+    (``engine_options``: more :class:`EngineSpec` fields, e.g. ``stream_interval`` or the
+    ``kind`` of engine they behave like)."""
     specs = fleet_specs(
         n_engines,
         model_name=MODEL,
         profile="h100",
         output_lengths=SHORT_OUTPUTS,
         config=engine_config or EngineConfig(),
-        kind=kind,
+        **(engine_options or {}),
     )
     async with EmulatedFleet(specs) as fleet:
         config = decode_config(

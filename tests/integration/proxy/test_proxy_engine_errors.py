@@ -21,7 +21,10 @@ def test_an_engine_400_reaches_the_openai_client_with_its_message_and_code(
     h: Harness, kind: str
 ) -> None:
     async def main() -> None:
-        async with h.proxy_stack(1, kind=kind) as stack, aiohttp.ClientSession() as s:
+        async with (
+            h.proxy_stack(1, engine_options={"kind": kind}) as stack,
+            aiohttp.ClientSession() as s,
+        ):
             body = h.chat_body("too short", max_tokens=2, min_tokens=10)
             async with s.post(stack.url + "/v1/chat/completions", json=body) as r:
                 assert r.status == 400

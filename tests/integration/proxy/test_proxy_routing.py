@@ -119,6 +119,7 @@ def test_proxy_decision_header_and_admin_record(h: Harness) -> None:
                 "detail": None,
                 "duration_s": record["attempts"][0]["duration_s"],
                 "stage": None,
+                "output_tokens": None,  # a JSON answer
             }
         ]
         assert {"decided", "first_byte", "done"} <= set(record["timings"])

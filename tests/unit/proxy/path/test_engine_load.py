@@ -15,10 +15,12 @@ from fastroute.proxy.path.engine_load import (
     FLUSH_TOKENS,
     MAX_SCRAPE_AGE_S,
     MIN_SAMPLES_TO_REJECT,
+    AttemptLoad,
     EngineLoad,
     parse_usage,
 )
 from fastroute.proxy.path.fleet import Fleet
+from fastroute.proxy.path.sse import StreamMeter
 from fastroute.signals.vllm import EngineSignals
 
 _CONFIG = "".join(
@@ -42,6 +44,18 @@ def _stream_chunk(token: str, role: bool = False) -> bytes:
         out += b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
     return out + b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % token.encode()
 
+
+def _relay(a: AttemptLoad, data: bytes, now_s: float) -> None:
+    """What the relay tells a tracked attempt of one read (its meter is per attempt)."""
+    meter = _METERS.setdefault(id(a), StreamMeter())
+    before = meter.token_events
+    meter.feed(data, now_s)
+    if meter.token_events != before:
+        a.tokens(meter.token_events - before, now_s)
+    a.usage = meter.usage
+
+
+_METERS: dict[int, StreamMeter] = {}
 
 USAGE = (
     b'data: {"choices":[],"usage":{"prompt_tokens":120,"completion_tokens":3,'
@@ -74,16 +88,16 @@ def test_an_attempt_is_queued_then_running_then_gone() -> None:
     a.first_token(10.05)
     assert v[1, StateColumn.QUEUED_REQUESTS] == 0 and v[1, StateColumn.RUNNING_SEQS] == 1
     assert v[1, StateColumn.RUNNING_CONTEXT_TOKENS] == 100
-    a.chunk(_stream_chunk("a", role=True), 10.05)
-    a.chunk(_stream_chunk("b") + _stream_chunk("c"), 10.07)
+    _relay(a, _stream_chunk("a", role=True), 10.05)
+    _relay(a, _stream_chunk("b") + _stream_chunk("c"), 10.07)
     assert a.events == 3  # the role event is not a token
     assert v[1, StateColumn.RUNNING_CONTEXT_TOKENS] == 100  # added FLUSH_TOKENS at a time
-    a.chunk(b"".join(_stream_chunk("t") for _ in range(FLUSH_TOKENS - 3)), 10.08)
+    _relay(a, b"".join(_stream_chunk("t") for _ in range(FLUSH_TOKENS - 3)), 10.08)
     assert a.events == FLUSH_TOKENS
     assert v[1, StateColumn.RUNNING_CONTEXT_TOKENS] == 100 + FLUSH_TOKENS
     assert v[1, StateColumn.KV_USED_TOKENS] == 100 + FLUSH_TOKENS
-    a.chunk(_stream_chunk("u"), 10.09)
-    a.chunk(USAGE, 10.10)
+    _relay(a, _stream_chunk("u"), 10.09)
+    _relay(a, USAGE, 10.10)
     assert a.events == FLUSH_TOKENS + 1 and a.last_s == 10.09  # usage, [DONE]: no tokens
     load.release(a, False, 10.08)
     load.release(a, False, 10.08)  # idempotent
@@ -99,10 +113,10 @@ def test_a_stream_calibrates_prefill_decode_and_output_length() -> None:
     a = load.admit(0, ROUTE, 10.0)
     assert (a.batch0, a.context0, a.queued0) == (1.0, 100.0, 0.0)
     a.first_token(10.03)
-    a.chunk(_stream_chunk("a", role=True), 10.03)
-    a.chunk(_stream_chunk("b"), 10.04)
-    a.chunk(_stream_chunk("c"), 10.05)
-    a.chunk(USAGE, 10.05)
+    _relay(a, _stream_chunk("a", role=True), 10.03)
+    _relay(a, _stream_chunk("b"), 10.04)
+    _relay(a, _stream_chunk("c"), 10.05)
+    _relay(a, USAGE, 10.05)
     assert a.usage is not None and a.usage.prompt_tokens == 120
     before = policy.output_lengths.mean()
     load.release(a, True, 10.06)
@@ -112,8 +126,8 @@ def test_a_stream_calibrates_prefill_decode_and_output_length() -> None:
     # The decode step of a P/D request: TTFT is KV transfer, only TBOT calibrates.
     d = load.admit(1, ROUTE, 11.0, decode_stage=True)
     d.first_token(11.01)
-    d.chunk(_stream_chunk("x") + _stream_chunk("y"), 11.01)
-    d.chunk(_stream_chunk("z"), 11.02)
+    _relay(d, _stream_chunk("x") + _stream_chunk("y"), 11.01)
+    _relay(d, _stream_chunk("z"), 11.02)
     load.release(d, True, 11.03)
     assert model.samples_by_kind == {"prefill": 1, "decode": 2}
 
@@ -200,16 +214,16 @@ def test_prompts_prefilled_during_a_decode_are_its_mixed_step_feature() -> None:
     queued = load.admit(0, ROUTE, 9.99)  # sent before a's first token, prefilled during it
     a = load.admit(0, ROUTE, 10.0)
     a.first_token(10.03)
-    a.chunk(_stream_chunk("a", role=True), 10.03)
+    _relay(a, _stream_chunk("a", role=True), 10.03)
     queued.first_token(10.035)  # 100 prompt tokens prefilled beside a's decode
     other = load.admit(0, ROUTE, 10.035)  # sent during it, prefilled after: not counted
     elsewhere = load.admit(1, ROUTE, 10.035)
     elsewhere.first_token(10.036)  # another engine: not beside it
     pd = load.admit(0, ROUTE, 10.036, decode_stage=True)
     pd.first_token(10.037)  # P/D decode stage: its prompt was prefilled elsewhere
-    a.chunk(_stream_chunk("b"), 10.04)
-    a.chunk(_stream_chunk("c"), 10.05)
-    a.chunk(USAGE, 10.05)  # 32 of 120 prompt tokens were cached
+    _relay(a, _stream_chunk("b"), 10.04)
+    _relay(a, _stream_chunk("c"), 10.05)
+    _relay(a, USAGE, 10.05)  # 32 of 120 prompt tokens were cached
     load.release(a, True, 10.06)
     assert seen == [{"prefill_tokens_per_step": pytest.approx(100 / 2)}]  # 2 decode steps
     assert load.state.values[0, StateColumn.PREFILL_TOKENS_PER_STEP] > 0

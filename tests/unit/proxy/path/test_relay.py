@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastroute.config import decode_config
 from fastroute.proxy.path.fleet import Fleet
 from fastroute.proxy.path.relay import _StreamTally, scrub_error
+from fastroute.proxy.path.sse import StreamMeter
 
 _CONFIG = '[[engines]]\nname = "e0"\nurl = "http://10.1.2.3:9000"\nmodels = ["m"]\n'
 
@@ -40,19 +41,23 @@ def test_a_flat_sglang_error_keeps_its_message_and_integer_code() -> None:
 
 class _Tracked:
     def __init__(self) -> None:
-        self.chunks: list[tuple[bytes, float]] = []
+        self.tokens_at: list[tuple[int, float]] = []
 
-    def chunk(self, data: bytes, now_s: float) -> None:
-        self.chunks.append((data, now_s))
+    def tokens(self, events: int, now_s: float) -> None:
+        self.tokens_at.append((events, now_s))
 
 
-def test_the_tally_counts_chunks_events_and_usage_and_tells_the_tracker() -> None:
+def test_the_tally_measures_reads_and_tells_the_tracker_and_the_first_token() -> None:
     tracked = _Tracked()
+    firsts: list[float] = []
+    tally = _StreamTally(StreamMeter(strip_usage=True), tracked, firsts.append)  # type: ignore[arg-type]
+    role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+    assert tally.add(role, 0.5) == role
     first = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
-    tally = _StreamTally(first, tracked)  # type: ignore[arg-type]
-    tally.add(first, 1.0)
+    assert tally.add(first, 1.0) == first
     tail = b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\ndata: [DONE]\n\n'
-    tally.add(tail, 2.5)
-    assert (tally.n_chunks, tally.n_events, tally.n_usage) == (2, 3, 1)
-    assert tally.first is first and tally.last is tail and tally.last_at == 2.5
-    assert tracked.chunks == [(first, 1.0), (tail, 2.5)]
+    assert tally.add(tail, 2.5) == b"data: [DONE]\n\n"  # the usage event is stripped
+    assert tally.n_chunks == 3 and tally.last == b"data: [DONE]\n\n"
+    assert tally.meter.token_events == 1 and tally.meter.tokens == 2
+    assert firsts == [1.0]  # TTFT at the first token, not the role event
+    assert tracked.tokens_at == [(1, 1.0)]
