@@ -33,9 +33,9 @@ def test_ttft_grows_with_queue_depth_and_prompt_length(arun, read_sse):
             url = fleet.urls[0]
             async with aiohttp.ClientSession() as s:
                 prompt = "word " * 800  # 1000 tokens
-                alone = statistics.median(
-                    [await _stream_ttft(s, url, read_sse, prompt) for _ in range(3)]
-                )
+                # the idle TTFT: scheduling noise on a shared machine only adds time, so the
+                # fastest of three is the estimate (a median let two hiccups fail the test)
+                alone = min([await _stream_ttft(s, url, read_sse, prompt) for _ in range(3)])
                 burst = await asyncio.gather(
                     *(_stream_ttft(s, url, read_sse, prompt + str(i)) for i in range(24))
                 )
