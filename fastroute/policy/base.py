@@ -270,6 +270,10 @@ class Policy(abc.ABC):
     name: ClassVar[str]
     #: True if :meth:`choose` reads ``RouteRequest.prefix`` (SGLang ``needs_request_text``).
     needs_prefix: ClassVar[bool] = False
+    #: Leading bytes of the prompt the policy reads from ``RouteRequest.prefix`` (when
+    #: :attr:`needs_prefix`); the proxy and the simulator extract this many. An instance
+    #: may override it from its tunables.
+    prefix_bytes: int = 4096
 
     @abc.abstractmethod
     def choose(self, request: RouteRequest, view: FleetView, k: int = DEFAULT_K) -> Decision:

@@ -72,8 +72,6 @@ _KV_USED = int(StateColumn.KV_USED_TOKENS)
 _KV_CAP = int(StateColumn.KV_CAPACITY_TOKENS)
 _NET = int(StateColumn.NETWORK_S)
 _MIX = int(StateColumn.PREFILL_TOKENS_PER_STEP)
-#: Bytes of prompt text handed to prefix-aware policies (the proxy's PREFIX_BYTES).
-PREFIX_BYTES = 4096
 _FAILURE_REASON = {
     Outcome.HTTP_5XX: "http-5xx",
     Outcome.CONNECT_ERROR: "connect-error",
@@ -922,7 +920,8 @@ class Simulator:
         req.prompt = sess.prompts.prompt(turn)
         spec = s.turns[turn]
         req.max_tokens = spec.max_tokens
-        prefix = self._prefix(sess, turn) if dp.policy.needs_prefix else b""
+        policy = dp.policy
+        prefix = self._prefix(sess, turn, policy.prefix_bytes) if policy.needs_prefix else b""
         if dp.calibration is not None:
             # The tenant keys the output-length histograms (a proxy gets it from a header).
             req.route = MarginalRequest(
@@ -984,19 +983,19 @@ class Simulator:
         self._dispatch(t, req)
 
     @staticmethod
-    def _prefix(sess: _Session, turn: int) -> bytes:
+    def _prefix(sess: _Session, turn: int, limit_bytes: int) -> bytes:
         s = sess.session
         parts = [s.system_prompt] if s.system_prompt else []
         size = len(parts[0]) if parts else 0
         for i in range(turn + 1):
-            if size >= PREFIX_BYTES:
+            if size >= limit_bytes:
                 break
             parts.append(s.turns[i].user_text)
             size += len(parts[-1])
-            if i < turn and size < PREFIX_BYTES:
+            if i < turn and size < limit_bytes:
                 parts.append(reply_text(s.session_id, i, s.turns[i].max_tokens))
                 size += len(parts[-1])
-        return "\n".join(parts).encode()[:PREFIX_BYTES]
+        return "\n".join(parts).encode()[:limit_bytes]
 
     def _fill_state(self, dp: DataPlane, t: float, req: _Req) -> None:
         """Bring ``dp``'s :class:`EngineState` (and exact prefix hits) up to ``t``.

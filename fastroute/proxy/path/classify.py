@@ -27,7 +27,8 @@ from fastroute.proxy.path.slo import request_slos
 
 __all__ = ["PREFIX_BYTES", "Classifier", "Reject", "parse_embeddings", "route_prefix"]
 
-#: Bytes of prompt text handed to prefix-aware policies (``RouteRequest.prefix``).
+#: Bytes of prompt text handed to prefix-aware policies (``RouteRequest.prefix``) unless
+#: the policy asks for another length (``Policy.prefix_bytes``).
 PREFIX_BYTES = 4096
 
 #: Most distinct zone sets whose sorted list is cached for decision records.
@@ -72,8 +73,8 @@ def parse_embeddings(body: bytes) -> CompletionRequest:
     return CompletionRequest(model=req.model, user=req.user, prompt="")
 
 
-def route_prefix(parsed: ParsedRequest) -> bytes:
-    """Leading prompt text for prefix-aware policies."""
+def route_prefix(parsed: ParsedRequest, limit_bytes: int = PREFIX_BYTES) -> bytes:
+    """Leading prompt text for prefix-aware policies, at most ``limit_bytes`` bytes."""
     if isinstance(parsed, ChatRequest):
         parts: list[str] = []
         size = 0
@@ -86,14 +87,14 @@ def route_prefix(parsed: ParsedRequest) -> bytes:
             )
             parts.append(text)
             size += len(text)
-            if size >= PREFIX_BYTES:
+            if size >= limit_bytes:
                 break
-        return "\n".join(parts).encode()[:PREFIX_BYTES]
+        return "\n".join(parts).encode()[:limit_bytes]
     prompt = parsed.prompt
     if isinstance(prompt, str):
-        return prompt[:PREFIX_BYTES].encode()[:PREFIX_BYTES]
+        return prompt[:limit_bytes].encode()[:limit_bytes]
     if prompt and isinstance(prompt[0], str):
-        return prompt[0][:PREFIX_BYTES].encode()[:PREFIX_BYTES]
+        return prompt[0][:limit_bytes].encode()[:limit_bytes]
     return b""
 
 

@@ -355,7 +355,8 @@ class InferenceHandler:
         view = strategy.view(mask)
         fleet_state = view.state
         prompt_tokens = estimate_prompt_tokens(state.parsed) if state.kind != "embeddings" else 0
-        prefix = route_prefix(state.parsed) if strategy.policy.needs_prefix else b""
+        policy = strategy.policy
+        prefix = route_prefix(state.parsed, policy.prefix_bytes) if policy.needs_prefix else b""
         route = state.route = strategy.route(state, state.row, prompt_tokens, prefix)
         if ctx.aggregator is not None:
             ctx.aggregator.observe_request(int(fleet.row_keys[state.row]), route.prompt_tokens)

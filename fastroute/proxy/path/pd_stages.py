@@ -137,7 +137,8 @@ class PDStages:
         d_mask = d.fleet.eligibility.request_mask(state.zones, state.hardware)
         p_view, d_view = p.view(p_mask), d.view(d_mask)
         needs_prefix = p.policy.needs_prefix or d.policy.needs_prefix
-        prefix = route_prefix(state.parsed) if needs_prefix else b""
+        limit = max(p.policy.prefix_bytes, d.policy.prefix_bytes)
+        prefix = route_prefix(state.parsed, limit) if needs_prefix else b""
         p_route = p.route(state, p_row, estimate_prompt_tokens(state.parsed), prefix)
         d_route = msgspec.structs.replace(p_route, row=d_row)
         if self.ctx.aggregator is not None:
