@@ -25,12 +25,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import aiohttp
 
 from fastroute.signals.dialects import dialect_for
+from fastroute.signals.prefix_cache import PrefixHitTracker
 from fastroute.signals.vllm import (
     EngineSignals,
     MetricsParseError,
@@ -108,6 +109,9 @@ class EngineScrape:
         The last scrape found the engine's metrics turned off (``/metrics`` answered 404 or 501).
     scrapes_total, errors_total : int
         Scrapes attempted and failed.
+    prefix_hits : PrefixHitTracker
+        The engine's prefix-cache hit rate over the last minute of good scrapes
+        (``prefix_hits.current``; :mod:`fastroute.signals.prefix_cache`).
     """
 
     engine: str
@@ -118,6 +122,7 @@ class EngineScrape:
     metrics_disabled: bool = False
     scrapes_total: int = 0
     errors_total: int = 0
+    prefix_hits: PrefixHitTracker = field(default_factory=PrefixHitTracker)
 
     def age_s(self, now_s: float | None = None) -> float | None:
         """Seconds since the last good scrape (``now_s`` default: the wall clock); None if none."""
@@ -129,6 +134,7 @@ class EngineScrape:
         """Keep a good scrape (``model_name`` → signals) and clear the error."""
         self.by_model = by_model
         self.signals = merge_signals(list(by_model.values()))
+        self.prefix_hits.update(self.signals)
         self.error = None
 
 
