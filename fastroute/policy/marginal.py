@@ -224,6 +224,11 @@ class EngineState:
         :attr:`fastroute.predict.interleave.PrefillInterleave.expected`); 0 on a
         decode-only engine or if unknown.
 
+    Beside the matrix, ``prefix_hit_rate`` (one float per engine, row order) is the engine's
+    own prefix-cache hit rate over the last minute of scrapes
+    (:mod:`fastroute.signals.prefix_cache`), NaN when unknown or without traffic. No policy
+    decision reads it yet.
+
     Parameters
     ----------
     n_engines : int
@@ -232,7 +237,7 @@ class EngineState:
         column indexes it. Default: every engine is ``"a40"``.
     """
 
-    __slots__ = ("values", "type_names")
+    __slots__ = ("values", "type_names", "prefix_hit_rate")
 
     def __init__(self, n_engines: int, type_names: Sequence[str] = (DEFAULT_TYPE,)) -> None:
         if n_engines < 0 or not type_names:
@@ -240,6 +245,7 @@ class EngineState:
         self.values = np.zeros((n_engines, len(COLUMNS)))
         self.values[:, StateColumn.RUNNING_REMAINING_TOKENS] = np.nan
         self.type_names = tuple(type_names)
+        self.prefix_hit_rate = np.full(n_engines, np.nan)
 
     def column(self, name: str | StateColumn) -> np.ndarray:
         """A writable view of column ``name`` (one value per engine)."""

@@ -27,7 +27,16 @@ Their counters are exported on the app's ``/metrics`` (read at scrape time):
 ``fastroute_proxy_engine_requests_running``        gauge    engine
 ``fastroute_proxy_engine_requests_waiting``        gauge    engine
 ``fastroute_proxy_engine_kv_cache_usage``          gauge    engine (fraction)
+``fastroute_proxy_engine_prefix_cache_hit_ratio``  gauge    engine (hits / queried tokens)
+``fastroute_proxy_engine_prefix_cache_queried_tokens``  gauge  engine (in the window)
+``fastroute_proxy_engine_prefix_cache_window_seconds``  gauge  engine (NaN: since start)
+``fastroute_proxy_prefix_cache_hit_ratio``         gauge    fleet, token-weighted
 =================================================  =======  ==============================
+
+The prefix-cache families are the engines' own counters windowed over the last minute
+(:mod:`fastroute.signals.prefix_cache`): the ratio is absent while it is unknown (no prefix-cache
+metric) or without traffic (``queried_tokens`` 0 says which); an engine reporting only a rate
+gauge (SGLang without counters) has the ratio and no ``queried_tokens``.
 """
 
 from __future__ import annotations
@@ -50,9 +59,14 @@ from fastroute.proxy.background.reporter import Reporter
 from fastroute.proxy.background.scraper import EngineScraper
 from fastroute.proxy.path.handler import ProxyContext
 from fastroute.proxy.path.marginal_setup import attach_scraper
+from fastroute.signals.prefix_cache import fleet_hit_rate
 from fastroute.signals.reports import DemandAggregator
 
-__all__ = ["SignalTasks", "install_signal_tasks"]
+__all__ = ["STALE_SCRAPE_INTERVALS", "SignalTasks", "install_signal_tasks"]
+
+#: An engine whose last good scrape is older than this many scrape intervals is stale: its
+#: prefix-cache window is left off ``/metrics`` (as the controller's ``stale_after_s`` default).
+STALE_SCRAPE_INTERVALS = 3.0
 
 
 @dataclass
@@ -177,6 +191,55 @@ def _scrape_metrics(scraper: EngineScraper) -> Iterator[Metric]:
             if s.kv_cache_usage is not None:
                 kv.add_metric([name], s.kv_cache_usage)
     yield from (scrapes, errors, age, running, waiting, kv)
+    yield from _prefix_cache_metrics(scraper)
+
+
+def _prefix_cache_metrics(scraper: EngineScraper) -> Iterator[Metric]:
+    """Each engine's windowed prefix-cache hit rate and the fleet's (token-weighted)."""
+    ratio = GaugeMetricFamily(
+        "fastroute_proxy_engine_prefix_cache_hit_ratio",
+        "Prefix-cache hits per queried prompt token over the window, from the engine's own "
+        "counters (absent: unknown or no traffic).",
+        labels=["engine"],
+    )
+    queried = GaugeMetricFamily(
+        "fastroute_proxy_engine_prefix_cache_queried_tokens",
+        "Prompt tokens the engine looked up in its prefix cache within the window.",
+        labels=["engine"],
+    )
+    window = GaugeMetricFamily(
+        "fastroute_proxy_engine_prefix_cache_window_seconds",
+        "Span of the hit-ratio window, seconds (NaN: since the engine started).",
+        labels=["engine"],
+    )
+    rates = []
+    for (name, r), stale in zip(scraper.results.items(), _stale_mask(scraper), strict=True):
+        hit = r.prefix_hits.current
+        if stale or hit.status == "unknown":
+            continue  # a stale engine's window is no longer "the last minute"
+        rates.append(hit)
+        if hit.rate is not None:
+            ratio.add_metric([name], hit.rate)
+        if hit.queries_tokens is not None:
+            queried.add_metric([name], hit.queries_tokens)
+            span = hit.window_s
+            window.add_metric([name], float("nan") if span is None else span)
+    yield from (ratio, queried, window)
+    fleet = fleet_hit_rate(rates)
+    if fleet.rate is not None:
+        yield GaugeMetricFamily(
+            "fastroute_proxy_prefix_cache_hit_ratio",
+            "Fleet prefix-cache hits per queried prompt token over the window (token-weighted "
+            "over the engines with counters).",
+            value=fleet.rate,
+        )
+
+
+def _stale_mask(scraper: EngineScraper) -> list[bool]:
+    """Per engine: no good scrape within :data:`STALE_SCRAPE_INTERVALS` scrape intervals."""
+    bound_s = STALE_SCRAPE_INTERVALS * scraper.interval_s
+    ages = [r.age_s() for r in scraper.results.values()]
+    return [a is None or a > bound_s for a in ages]
 
 
 def _engine_state(ctx: ProxyContext) -> tuple[Mapping[int, int], Mapping[int, bool]]:

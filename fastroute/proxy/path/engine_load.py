@@ -23,7 +23,9 @@ The remaining columns: ``kv_capacity_tokens`` is the engine type's nominal capac
 ``running_remaining_tokens`` is NaN (the policy then assumes ``B·min(N̂, E[N])``);
 ``arrival_rate_rps`` and ``network_s`` are 0 (no FCFS externality; loopback-scale
 network); ``prefill_tokens_per_step`` is the engine's
-:attr:`~fastroute.predict.interleave.PrefillInterleave.expected` (below).
+:attr:`~fastroute.predict.interleave.PrefillInterleave.expected` (below). Beside the matrix,
+``prefix_hit_rate`` is each engine's windowed prefix-cache hit rate from the same scrapes (NaN
+when unknown, idle or stale).
 
 Each tracked attempt is an :class:`AttemptLoad`. When it ends successfully its
 timings calibrate the policy's :class:`~fastroute.predict.FleetCalibration`
@@ -276,11 +278,16 @@ class EngineLoad:
         offset = self._offset
         v[:, [_B, _Q_REQ, _S, _KV_USED]] -= offset
         offset[:] = 0.0
+        hit_rate = self.state.prefix_hit_rate
+        hit_rate[:] = np.nan
         for i, name in enumerate(self.names):
             result = scraper.results.get(name)
             signals = None if result is None else result.signals
             if signals is None or now_s - signals.scraped_at_s > MAX_SCRAPE_AGE_S:
                 continue
+            rate = result.prefix_hits.current.rate  # type: ignore[union-attr]
+            if rate is not None:
+                hit_rate[i] = rate
             b_own, q_own = v[i, _B], v[i, _Q_REQ]
             mean_ctx = v[i, _S] / b_own if b_own > 0 else DEFAULT_CONTEXT_TOKENS
             if signals.num_requests_running is not None:

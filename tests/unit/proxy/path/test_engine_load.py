@@ -202,6 +202,33 @@ def test_fresh_scrapes_add_what_other_workers_run() -> None:
     assert not v[:, :4].any() and v[0, StateColumn.KV_USED_TOKENS] == 0
 
 
+def test_scraped_prefix_hit_rate_fills_the_state_nan_when_unknown() -> None:
+    """Each engine's windowed hit rate from its scrapes (engine-reported token counters);
+    an engine without prefix-cache metrics, an idle one or a stale one is NaN, never 0."""
+    fleet, _, load = _load()
+    scraper = EngineScraper(fleet.engines)
+    load.scraper = scraper
+    hit_rate = load.state.prefix_hit_rate
+    assert np.isnan(hit_rate).all()  # nothing scraped yet
+    now = time.time()
+    e0, e1 = scraper.results["e0"], scraper.results["e1"]
+    for at, (queries, hits) in ((now - 2.0, (100.0, 0.0)), (now, (612.0, 384.0))):
+        e0.absorb({"": EngineSignals(
+            prefix_cache_queries_total=queries, prefix_cache_hits_total=hits, scraped_at_s=at
+        )})  # fmt: skip
+    e1.absorb({"": EngineSignals(num_requests_running=1, scraped_at_s=now)})  # no counters
+    scraper.rounds_total = 1
+    state = load.engine_state()
+    assert state.prefix_hit_rate[0] == pytest.approx(384 / 512)
+    assert np.isnan(state.prefix_hit_rate[1:]).all()
+    e0.absorb({"": EngineSignals(
+        prefix_cache_queries_total=612.0, prefix_cache_hits_total=384.0,
+        scraped_at_s=now - MAX_SCRAPE_AGE_S - 1,
+    )})  # fmt: skip
+    scraper.rounds_total = 2
+    assert np.isnan(load.engine_state().prefix_hit_rate[0])  # stale: unknown again
+
+
 def test_prompts_prefilled_during_a_decode_are_its_mixed_step_feature() -> None:
     """The TBOT of a stream is observed with the prompt tokens whose prefill finished on
     its engine (their first chunk) between its first and last chunk, per decode step; the
