@@ -1,8 +1,10 @@
 """The current plan as JSON-able dicts (``GET /v1/plan``; the HTML page renders the same dict).
 
 :func:`engines_json` says per engine what the controller knows (capacity, group, health and why,
-the last scrape, the planned load); :func:`plan_fields` and :func:`classes_json` say what the plan
-in force does per class (demand, shed fraction, marginal cost, allocation and weights).
+the last scrape with its prefix-cache hit rate and window, the planned load);
+:func:`prefix_cache_json` says the fleet's hit rate (token-weighted); :func:`plan_fields` and
+:func:`classes_json` say what the plan in force does per class (demand, shed fraction, marginal
+cost, allocation and weights).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import numpy.typing as npt
 from controller.learning import FleetLearning
 from controller.model import FleetModel, Plan
 from controller.scrape import EngineScraper
+from fastroute.signals.prefix_cache import fleet_hit_rate
 from fastroute.tables import FLAG_UNAVAILABLE
 
-__all__ = ["classes_json", "engines_json", "plan_fields"]
+__all__ = ["classes_json", "engines_json", "plan_fields", "prefix_cache_json"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -47,6 +50,7 @@ def engines_json(
                     for k in ("running", "waiting", "kv_cache_usage")
                     if scrape[k] is not None
                 }
+                | _hit_rate_signal(scrape["prefix_cache"])
                 | ({"stale": 1} if scrape["stale"] else {}),
                 "signals_age_s": scrape["age_s"],
                 "load_rps": None if plan is None else float(plan.x_rps[:, i].sum()),
@@ -59,6 +63,16 @@ def engines_json(
             }
         )
     return engines
+
+
+def _hit_rate_signal(hit: dict[str, Any]) -> dict[str, Any]:
+    """The flat ``prefix_hit_rate`` entry of an engine's signals, when the rate is known."""
+    return {} if hit["rate"] is None else {"prefix_hit_rate": hit["rate"]}
+
+
+def prefix_cache_json(scraper: EngineScraper, now_s: float) -> dict[str, Any]:
+    """The fleet's prefix-cache hit rate: token-weighted over the fresh engines' windows."""
+    return fleet_hit_rate(scraper.prefix_hit_rates(now_s)).as_json()
 
 
 def plan_fields(plan: Plan) -> dict[str, Any]:

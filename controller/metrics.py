@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.scrape import EngineScraper
+from fastroute.signals.prefix_cache import PrefixHitRate, fleet_hit_rate
 
 __all__ = ["ControllerMetrics"]
 
@@ -80,6 +81,29 @@ class ControllerMetrics:
             ["engine"],
             registry=r,
         )
+        self.engine_prefix_hit_ratio = Gauge(
+            "fastroute_controller_engine_prefix_cache_hit_ratio",
+            "Prefix-cache hits per queried prompt token over the last minute, from the engine's "
+            "own counters (absent: unknown, idle or stale)",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_prefix_queried = Gauge(
+            "fastroute_controller_engine_prefix_cache_queried_tokens",
+            "Prompt tokens the engine looked up in its prefix cache within the window",
+            ["engine"],
+            registry=r,
+        )
+        self.prefix_hit_ratio = Gauge(
+            "fastroute_controller_prefix_cache_hit_ratio",
+            "Fleet prefix-cache hit ratio over the window, token-weighted (NaN: unknown or idle)",
+            registry=r,
+        )
+        self.prefix_window = Gauge(
+            "fastroute_controller_prefix_cache_window_seconds",
+            "Span of the fleet's hit-ratio window, seconds (NaN: since the engines started)",
+            registry=r,
+        )
         self.config_reloads = Counter(
             "fastroute_controller_config_reloads",
             "SIGHUP config reloads by result (ok, unchanged, error)",
@@ -94,6 +118,8 @@ class ControllerMetrics:
             (self.engine_stale, engines),
             (self.engine_scrape_age, engines),
             (self.scrape_errors, engines),
+            (self.engine_prefix_hit_ratio, engines),
+            (self.engine_prefix_queried, engines),
             (self.shed_fraction, classes),
             (self.demand_rps, classes),
         ):
@@ -112,3 +138,25 @@ class ControllerMetrics:
             self.engine_stale.labels(name).set(float(stale[i]))
             self.engine_scrape_age.labels(name).set(-1.0 if age is None else age)
             self.scrape_errors.labels(name).set(st.errors_total)
+        self.record_prefix_hits(engine_names, scraper.prefix_hit_rates(now_s))
+
+    def record_prefix_hits(
+        self, engine_names: Sequence[str], rates: Sequence[PrefixHitRate]
+    ) -> None:
+        """Set the prefix-cache gauges: each engine's window (series absent when its rate is
+        not known) and the fleet's token-weighted figure."""
+        for name, hit in zip(engine_names, rates, strict=True):
+            for gauge, value in (
+                (self.engine_prefix_hit_ratio, hit.rate),
+                (self.engine_prefix_queried, hit.queries_tokens),
+            ):
+                if value is None:
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(name)
+                else:
+                    gauge.labels(name).set(value)
+        fleet = fleet_hit_rate(rates)
+        nan = float("nan")
+        self.prefix_hit_ratio.set(nan if fleet.rate is None else fleet.rate)
+        span = fleet.window_s
+        self.prefix_window.set(nan if span is None else span)

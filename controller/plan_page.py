@@ -11,7 +11,8 @@ Fields rendered when present (besides those ``plan_json`` fills today):
 * per engine ``region``, ``hardware``; ``health_level`` (health factor, or a label),
   ``health_reason``, ``health_since`` (epoch s; shown as an age), ``unavailable``,
   ``effective_capacity_rps``; ``signals`` (a flat ``{name: value}`` dict) with ``signals_at``
-  (epoch s) or ``signals_age_s``.
+  (epoch s) or ``signals_age_s``; ``scrape.prefix_cache`` (the engine's prefix-cache window).
+* top-level ``prefix_cache``: the fleet's token-weighted prefix-cache hit rate and its window.
 """
 
 from __future__ import annotations
@@ -148,6 +149,32 @@ def _share_bar(cls: Mapping[str, Any], hues: Mapping[str, int]) -> str:
     return f'<div class="bar">{"".join(segs)}</div><div class="legend">{", ".join(legend)}</div>'
 
 
+def _prefix_cache(hit: Mapping[str, Any]) -> str:
+    """A prefix-cache window (:meth:`fastroute.signals.prefix_cache.PrefixHitRate.as_json`):
+    the rate, the tokens it weighs and the window it covers; "no traffic" and "unknown" said."""
+    status = hit.get("status")
+    if status == "no_traffic":
+        return "no traffic"
+    rate = _num(hit.get("rate"))
+    if status != "ok" or rate is None:
+        return MISSING if status is None else "unknown"
+    text = _fmt(rate, ".1%")
+    queried = _num(hit.get("queries_tokens"))
+    if queried is not None:
+        text += f" of {_fmt(queried, 'd')} tokens"
+    window = _num(hit.get("window_s"))
+    if hit.get("source") == "gauge":
+        where = "the engine's own rate"
+    else:
+        where = "since engine start" if window is None else f"over {_fmt(window, '.3g')} s"
+    engines = _num(hit.get("engines"))
+    if engines is not None and engines > 1:
+        where += f", {_fmt(engines, 'd')} engines"
+    if hit.get("reset"):
+        where += ", restarted"
+    return f'{text} <span class="legend">({where})</span>'
+
+
 def _header(plan: Mapping[str, Any]) -> str:
     solve = _dict(plan.get("solve"))
     rows = [
@@ -167,6 +194,7 @@ def _header(plan: Mapping[str, Any]) -> str:
         ("periods run", _fmt(plan.get("periods_total"), "d")),
         ("retry ratio", _fmt(plan.get("retry_ratio"), ".3g")),
         ("live workers", _fmt(plan.get("live_workers"), "d")),
+        ("prefix-cache hit rate", _prefix_cache(_dict(plan.get("prefix_cache")))),
     ]
     err = plan.get("last_error")
     if err:
@@ -216,7 +244,7 @@ def _engines(plan: Mapping[str, Any], hues: Mapping[str, int], now: float | None
     head = (
         "<tr><th></th><th>engine</th><th>region</th><th>hardware</th><th>group</th>"
         "<th>capacity</th><th>load</th><th>utilisation</th><th>health</th>"
-        "<th>last signals</th></tr>"
+        "<th>prefix cache</th><th>last signals</th></tr>"
     )
     rows = []
     for e in engines:
@@ -253,6 +281,7 @@ def _engines(plan: Mapping[str, Any], hues: Mapping[str, int], now: float | None
             f'<td class="n">{capacity}</td>'
             f'<td class="n">{_fmt(load, ".3g", unit=" rps")}</td>'
             f'<td class="n">{_fmt(util, ".1%")}</td><td>{health}</td>'
+            f"<td>{_prefix_cache(_dict(_dict(e.get('scrape')).get('prefix_cache')))}</td>"
             f"<td>{_signals(e, now)}</td></tr>"
         )
     return f"<table>{head}{''.join(rows)}</table>"

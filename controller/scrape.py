@@ -16,6 +16,8 @@ good ``/metrics`` scrape is older than ``stale_after_s`` (or there was none); it
 ``GET /v1/plan`` shows the age and last error, and ``fastroute_controller_engine_stale`` is 1.
 ``/health`` answering anything but 200 is shown as ``healthy: false`` (the engine is loading or
 draining); it does not derate by itself (the proxies eject, the anomaly score derates).
+Each engine's prefix-cache hit rate over the last minute of scrapes (its own token counters,
+:mod:`fastroute.signals.prefix_cache`) is kept beside the windows (:meth:`prefix_hit_rates`).
 
 Memory is O(engines): two parsed scrapes and one window accumulator per engine.
 """
@@ -31,6 +33,7 @@ import numpy.typing as npt
 
 from fastroute.config import EngineConfig
 from fastroute.signals import scrape
+from fastroute.signals.prefix_cache import UNKNOWN, PrefixHitRate
 from fastroute.signals.scrape import MAX_METRICS_BYTES, EngineScrape
 from fastroute.signals.vllm import CumulativeHistogram, EngineSignals
 
@@ -223,4 +226,10 @@ class EngineScraper(scrape.EngineScraper[EngineScrapeState]):
             "running": None if sig is None else sig.num_requests_running,
             "waiting": None if sig is None else sig.num_requests_waiting,
             "kv_cache_usage": None if sig is None else sig.kv_cache_usage,
+            "prefix_cache": s.prefix_hits.current.as_json(),
         }
+
+    def prefix_hit_rates(self, now_s: float | None = None) -> list[PrefixHitRate]:
+        """Per engine, its windowed prefix-cache hit rate; a stale engine's is unknown."""
+        stale = self.stale(now_s)
+        return [UNKNOWN if stale[i] else s.prefix_hits.current for i, s in enumerate(self.states)]

@@ -72,7 +72,7 @@ import numpy.typing as npt
 
 from controller.calibration import CalibrationBoard
 from controller.demand import DemandForecaster, carry_forecast
-from controller.explain import classes_json, engines_json, plan_fields
+from controller.explain import classes_json, engines_json, plan_fields, prefix_cache_json
 from controller.health import LevelChange
 from controller.learning import FleetLearning
 from controller.metrics import ControllerMetrics
@@ -510,6 +510,7 @@ class ControllerService:
             "last_error": self.last_error,
             "live_workers": self.forecaster.live_workers,
             "engines": engines_json(learning, self.scraper, self.plan, self.clock()),
+            "prefix_cache": prefix_cache_json(self.scraper, self.clock()),
             "profiles": learning.fitter.state(),
             "profile_updates_total": learning.profile_updates_total,
             "reprofiles_total": learning.reprofiles_total,

@@ -117,3 +117,71 @@ def test_unreachable_engine_is_bounded_by_the_timeout() -> None:
         assert st["error"] and st["healthy"] is None
 
     run(main())
+
+
+def test_prefix_cache_hit_rates_come_from_the_engines_counters() -> None:
+    """Repeats of a long prompt hit the emulated engine's prefix cache: the engine's own
+    counters (``vllm:prefix_cache_*``) windowed between two scrapes give its hit rate and the
+    fleet's (token-weighted); the idle engine is "no traffic", not 0 %; a stopped one turns
+    stale and leaves the fleet figure; the controller's gauges follow."""
+    from prometheus_client import generate_latest
+
+    from controller.metrics import ControllerMetrics
+
+    async def main() -> None:
+        specs = [
+            EngineSpec(name=f"engine-{i}", model_name="demo-8b", profile="h100", port=0)
+            for i in range(2)
+        ]
+        prompt = "tell me hello world " * 200  # many KV blocks, shared by every repeat
+        async with EmulatedFleet(specs) as fleet:
+            engines = [
+                EngineConfig(name=f"engine-{i}", url=u, models=("demo-8b",))
+                for i, u in enumerate(fleet.urls)
+            ]
+            clock = Clock()
+            scraper = EngineScraper(
+                engines, interval_s=1.0, timeout_s=5.0, stale_after_s=3.0, clock=clock
+            )
+            metrics = ControllerMetrics()
+            names = [e.name for e in engines]
+            try:
+                await scraper.scrape_once()
+                async with openai.AsyncOpenAI(
+                    base_url=fleet.urls[0] + "/v1", api_key="x", max_retries=0
+                ) as client:
+                    for _ in range(4):
+                        await client.completions.create(
+                            model="demo-8b", prompt=prompt, max_tokens=2
+                        )
+                clock.now += 2.0
+                await scraper.scrape_once()
+                model = fleet[0].model
+                hits, queries = model.prefix_cache_hits_total, model.prefix_cache_queries_total
+                assert hits > 0 and queries > hits
+                r0, r1 = scraper.prefix_hit_rates()
+                assert r0.status == "ok" and r0.source == "counters" and r0.window_s == 2.0
+                assert (r0.hits_tokens, r0.queries_tokens) == (hits, queries)
+                assert r0.rate == pytest.approx(hits / queries)
+                assert r1.status == "no_traffic" and r1.rate is None
+                assert scraper.state(0)["prefix_cache"]["rate"] == pytest.approx(hits / queries)
+                metrics.record_scrapes(names, scraper, clock.now)
+                text = generate_latest(metrics.registry).decode()
+                ratio = "fastroute_controller_engine_prefix_cache_hit_ratio"
+                assert f'{ratio}{{engine="engine-0"}} {hits / queries!r}' in text
+                assert f'{ratio}{{engine="engine-1"}}' not in text  # idle: no ratio
+                assert f"fastroute_controller_prefix_cache_hit_ratio {hits / queries!r}" in text
+
+                await fleet[0].stop()
+                clock.now += 4.0
+                await scraper.scrape_once()
+                r0, r1 = scraper.prefix_hit_rates()
+                assert r0.status == "unknown" and r1.status == "no_traffic"  # stale: unknown
+                metrics.record_scrapes(names, scraper, clock.now)
+                text = generate_latest(metrics.registry).decode()
+                assert f'{ratio}{{engine="engine-0"}}' not in text
+                assert "fastroute_controller_prefix_cache_hit_ratio NaN" in text
+            finally:
+                await scraper.close()
+
+    run(main())

@@ -180,6 +180,39 @@ def test_renders_header_classes_and_engines() -> None:
     assert 'class="shed"' in page and "<link" not in page and "<script" not in page
 
 
+def test_prefix_cache_hit_rates_with_their_windows() -> None:
+    """Each engine's hit rate says the tokens and the window it covers; no traffic and
+    unknown are said, never shown as 0 %; the fleet's (token-weighted) is in the header."""
+    plan = _plan()
+    plan["engines"][0]["scrape"] = {"prefix_cache": {
+        "status": "ok", "rate": 0.75, "source": "counters", "queries_tokens": 512.0,
+        "hits_tokens": 384.0, "window_s": 60.0, "engines": 1, "reset": False,
+    }}  # fmt: skip
+    plan["engines"][1]["scrape"] = {"prefix_cache": {"status": "no_traffic", "rate": None}}
+    plan["engines"].append({"name": "e2", "scrape": {"prefix_cache": {"status": "unknown"}}})
+    plan["engines"].append({"name": "e3", "scrape": {"prefix_cache": {
+        "status": "ok", "rate": 0.25, "source": "gauge", "window_s": None,
+    }}})  # fmt: skip
+    plan["prefix_cache"] = {
+        "status": "ok", "rate": 0.6, "source": "counters", "queries_tokens": 612.0,
+        "window_s": None, "engines": 2, "reset": True,
+    }  # fmt: skip
+    page = render_plan_html(plan)
+    text = " ".join(_parse(page).text)
+    assert "<td>no traffic</td>" in page and "<td>unknown</td>" in page  # cells of their own
+    for needle in [
+        "75.0% of 512 tokens",
+        "(over 60 s)",
+        "no traffic",
+        "unknown",
+        "25.0%",
+        "(the engine's own rate)",
+        "60.0% of 612 tokens",
+        "(since engine start, 2 engines, restarted)",
+    ]:
+        assert needle in text, needle
+
+
 def test_escapes_every_string() -> None:
     """A hostile engine name, region, reason, signal name and error never become markup."""
     page = render_plan_html(_plan(), now=1100.0)
@@ -256,5 +289,9 @@ def test_renders_a_real_plan_over_http(shm_name: str) -> None:
         assert page.count('<div class="bar">') == 6
         for i in range(4):
             assert f"<td>engine-{i}</td>" in page
+        # nothing scraped (the engines' URLs do not answer): unknown, per engine and fleet
+        assert plan["prefix_cache"]["status"] == "unknown"
+        assert [e["scrape"]["prefix_cache"]["status"] for e in plan["engines"]] == ["unknown"] * 4
+        assert page.count("<td>unknown</td>") == 4
 
     asyncio.run(asyncio.wait_for(main(), 20.0))
