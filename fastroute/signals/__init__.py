@@ -6,6 +6,8 @@
   llama.cpp);
 * :mod:`fastroute.signals.reports`: the data plane's per-window :class:`Report`
   (msgpack), and the :class:`DemandAggregator` the request path feeds;
+* :mod:`fastroute.signals.prefix_cache`: each engine's prefix-cache hit rate over a window of
+  scrapes, and the fleet's (token-weighted);
 * :mod:`fastroute.signals.histogram`: the mergeable log-bucket latency histogram;
 * :mod:`fastroute.signals.scrape`: scrape rounds over the engines' ``/metrics`` and ``/health``
   (the controller's and the proxy's scrapers); import it from there (it loads ``aiohttp``).
@@ -16,6 +18,7 @@ Builds on ``msgspec``, ``prometheus_client``, ``aiohttp`` (``scrape`` only) and
 
 from fastroute.signals.dialects import ENGINE_KINDS, MetricDialect, dialect_for
 from fastroute.signals.histogram import LogHistogram
+from fastroute.signals.prefix_cache import PrefixHitRate, PrefixHitTracker, fleet_hit_rate
 from fastroute.signals.reports import (
     REPORT_VERSION,
     ClassDemand,
@@ -45,6 +48,9 @@ __all__ = [
     "MetricDialect",
     "dialect_for",
     "LogHistogram",
+    "PrefixHitRate",
+    "PrefixHitTracker",
+    "fleet_hit_rate",
     "REPORT_VERSION",
     "ClassDemand",
     "DemandAggregator",
