@@ -1,4 +1,5 @@
-"""Fixtures of the real-engine tier: two real vLLM engines and a real proxy, once per session.
+"""Fixtures of the real-engine tier: two real vLLM engines, a real controller and a real proxy,
+once per session.
 
 Only ``pytest -m real tests/real`` (``make test-real``) runs this tier; the main suite
 deselects it (``-m "not real"`` in the pytest options), so nothing here starts unless asked.
@@ -12,6 +13,9 @@ from pathlib import Path
 
 import pytest
 import real_harness as rh
+
+#: Marker of the tests that kill a session engine (sorted last).
+KILLS_ENGINE = "kills_engine"
 
 
 @pytest.fixture(scope="session")
@@ -45,11 +49,40 @@ def vllm_engines(real_dir: Path) -> Iterator[list[rh.Running]]:
 
 
 @pytest.fixture(scope="session")
-def proxy(vllm_engines: list[rh.Running], real_dir: Path) -> Iterator[rh.Running]:
-    """``fastroute serve`` in front of both engines, ready."""
-    run = rh.start_proxy([e.url for e in vllm_engines], real_dir)
+def stack(vllm_engines: list[rh.Running], real_dir: Path) -> rh.Stack:
+    """The config of the controller and the proxy in front of both engines."""
+    return rh.write_config([e.url for e in vllm_engines], real_dir)
+
+
+@pytest.fixture(scope="session")
+def controller(stack: rh.Stack, real_dir: Path) -> Iterator[rh.Running]:
+    """``fastroute controller`` over both engines (scraping them, publishing the weight table
+    the proxy routes on), serving its first plan."""
+    run = rh.start_controller(stack, real_dir)
+    try:
+        rh.wait_ready([run], "/health", timeout_s=60.0)
+        yield run
+    finally:
+        rh.stop([run])
+
+
+@pytest.fixture(scope="session")
+def proxy(stack: rh.Stack, controller: rh.Running, real_dir: Path) -> Iterator[rh.Running]:
+    """``fastroute serve`` (one worker) in front of both engines, on the controller's table."""
+    run = rh.start_proxy(stack, real_dir)
     try:
         rh.wait_ready([run], "/ready", timeout_s=60.0)
         yield run
     finally:
         rh.stop([run])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{KILLS_ENGINE}: the test kills a session engine; it runs after all others"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that kill an engine go last, so every other test has both engines."""
+    items.sort(key=lambda item: item.get_closest_marker(KILLS_ENGINE) is not None)

@@ -156,7 +156,7 @@ def main() -> None:
     runs = [engine]
     try:
         print(json.dumps({"engine_ready_s": round(rh.wait_ready([engine], "/health"), 1)}))
-        proxy = rh.start_proxy([engine.url], run_dir)
+        proxy = rh.start_proxy(rh.write_config([engine.url], run_dir, controller=False), run_dir)
         runs.append(proxy)
         rh.wait_ready([proxy], "/ready", timeout_s=60)
         for interval in (1, 4):

@@ -3,7 +3,8 @@
 :func:`installed` runs ``setup_vllm.sh`` (cached: a second run takes a second) and returns the
 vLLM venv's python and the tiny model. :func:`start_vllm` starts one OpenAI server on a free
 loopback port, pinned to one core (two engines share the machine's two cores);
-:func:`start_proxy` writes a config for ``fastroute serve`` in front of the engines. Every
+:func:`write_config` writes the config of ``fastroute controller`` and ``fastroute serve`` in
+front of the engines, :func:`start_controller` and :func:`start_proxy` start them. Every
 process runs in its own session and :func:`stop` kills its whole group. Logs go to files so a
 failing start can show why (:func:`tail`).
 """
@@ -27,13 +28,16 @@ __all__ = [
     "READY_TIMEOUT_S",
     "Installed",
     "Running",
+    "Stack",
     "installed",
     "proxy_toml",
+    "start_controller",
     "start_proxy",
     "start_vllm",
     "stop",
     "tail",
     "wait_ready",
+    "write_config",
 ]
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +48,11 @@ MODEL = "tiny"
 READY_TIMEOUT_S = float(os.environ.get("FASTROUTE_REAL_READY_TIMEOUT_S", "600"))
 #: The engines' context: short, so the too-long-prompt case is cheap.
 MAX_MODEL_LEN = 1024
+#: Scrape period of the proxy and the controller, seconds, and the bound on one scrape.
+SCRAPE_INTERVAL_S = 1.0
+SCRAPE_TIMEOUT_S = 0.9
+#: The controller's control period, seconds (short: the tier watches it react).
+CONTROLLER_PERIOD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,15 @@ class Installed:
 
     python: Path
     model: Path
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The tier's config file and the ports it gives the proxy and the controller."""
+
+    config: Path
+    proxy_port: int
+    controller_port: int | None
 
 
 @dataclass
@@ -111,37 +129,75 @@ def start_vllm(
     return Running(proc, f"http://127.0.0.1:{port}", log)
 
 
-def proxy_toml(engine_urls: list[str], *, port: int) -> str:
-    """A standalone proxy (no controller: capacity-proportional fallback weights) that scrapes
-    the engines itself."""
+def proxy_toml(engine_urls: list[str], *, port: int, controller_port: int | None = None) -> str:
+    """A proxy that scrapes the engines itself; with ``controller_port``, also the controller
+    (same config, same host: it writes the weight table the proxy routes on).
+
+    Engine ``vllm-i`` is ``engine_urls[i]``. Scrapes every second, each bounded by 0.9 s (the
+    loaded 2-core machine answers slower than the 0.5 s default at times); two consecutive
+    failures eject an engine, so one killed mid-stream is out after one more attempt.
+    """
     engines = "".join(
         f'[[engines]]\nname = "vllm-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\nkind = "vllm"\n\n'
         for i, url in enumerate(engine_urls)
     )
     table = f"fastroute-real-{uuid.uuid4().hex[:12]}"
-    return engines + (
-        f'[proxy]\nport = {port}\ntable_name = "{table}-weights"\nstats_name = "{table}-stats"\n'
-        "scrape_engines = true\n"
+    controller = ""
+    if controller_port is not None:
+        controller = (
+            f"[controller]\nport = {controller_port}\nperiod_s = {CONTROLLER_PERIOD_S}\n"
+            "solve_time_limit_s = 0.5\n"
+            f"scrape_interval_s = {SCRAPE_INTERVAL_S}\nscrape_timeout_s = {SCRAPE_TIMEOUT_S}\n\n"
+        )
+    return (
+        engines
+        + controller
+        + (
+            f'[proxy]\nport = {port}\ntable_name = "{table}-weights"\n'
+            f'stats_name = "{table}-stats"\n'
+            "scrape_engines = true\n"
+            f"scrape_interval_s = {SCRAPE_INTERVAL_S}\nscrape_timeout_s = {SCRAPE_TIMEOUT_S}\n\n"
+            "[ejection]\nconsecutive_failures = 2\n"
+        )
     )
 
 
-def start_proxy(engine_urls: list[str], run_dir: Path) -> Running:
-    """``python -m fastroute serve --config FILE`` in front of ``engine_urls``."""
-    port = free_port()
-    config = run_dir / "fastroute.toml"
-    config.write_text(proxy_toml(engine_urls, port=port))
-    log = run_dir / "proxy.log"
+def write_config(engine_urls: list[str], run_dir: Path, *, controller: bool = True) -> Stack:
+    """The tier's config file, on free ports (:func:`proxy_toml`)."""
+    ports = Stack(run_dir / "fastroute.toml", free_port(), free_port() if controller else None)
+    ports.config.write_text(
+        proxy_toml(engine_urls, port=ports.proxy_port, controller_port=ports.controller_port)
+    )
+    return ports
+
+
+def _start_fastroute(args: list[str], run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "FASTROUTE_SHM_DIR": str(run_dir)}
     for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         env.pop(key, None)
     with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fastroute", "--log-level", "INFO", "serve",
-             "--config", str(config)],
+        return subprocess.Popen(
+            [sys.executable, "-m", "fastroute", "--log-level", "INFO", *args],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True,
         )  # fmt: skip
-    return Running(proc, f"http://127.0.0.1:{port}", log)
+
+
+def start_proxy(stack: Stack, run_dir: Path) -> Running:
+    """``python -m fastroute serve --config FILE`` (one worker) on the stack's proxy port."""
+    log = run_dir / "proxy.log"
+    args = ["serve", "--config", str(stack.config), "--workers", "1"]
+    return Running(
+        _start_fastroute(args, run_dir, log), f"http://127.0.0.1:{stack.proxy_port}", log
+    )
+
+
+def start_controller(stack: Stack, run_dir: Path) -> Running:
+    """``python -m fastroute controller --config FILE`` on the stack's controller port."""
+    assert stack.controller_port is not None
+    log = run_dir / "controller.log"
+    proc = _start_fastroute(["controller", "--config", str(stack.config)], run_dir, log)
+    return Running(proc, f"http://127.0.0.1:{stack.controller_port}", log)
 
 
 def _status(url: str) -> int | None:
