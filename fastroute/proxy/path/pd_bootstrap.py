@@ -27,7 +27,8 @@ in-flight counts, outlier outcomes and policy hooks are each pool's own, as for
   for a room nobody will claim) and a retryable failure moves to the next ranked decode
   engine, with the same prefill engine and a fresh room.
 
-Retries draw on the retry budget as for whole requests (one draw per new pair attempt).
+Each stage retries within the retry budget as a step of vLLM's protocol does: its n-th
+next engine is the budget's n-th retry, whatever the other stage did.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import asyncio
 import dataclasses
 import secrets
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -46,6 +48,7 @@ from fastroute.policy import Decision
 from fastroute.proxy.http.openai_errors import error_reply
 from fastroute.proxy.http.reply import Headers, Reply
 from fastroute.proxy.http.upstream import UpstreamError
+from fastroute.proxy.path.decisions import DecisionRecord
 from fastroute.proxy.path.headers import decision_headers
 from fastroute.proxy.path.outcomes import Retryable
 from fastroute.proxy.path.pd_usage import (
@@ -135,23 +138,15 @@ class BootstrapPair:
         ``state`` is pointed at the decode stage (the client's sink), ``prefill`` (a copy)
         at the prefill stage; both bodies are set per attempt.
         """
-        ctx, record = self.ctx, state.record
+        record = state.record
         original = msgspec.json.decode(state.body or b"{}")
         client = CachedTokensSink(state.sink, None)
         state.sink = client
+        ranked = {"prefill": p_dec.ranked, "decode": d_dec.ranked}
         ranks = {"prefill": 0, "decode": 0}
         last: _Failed | None = None
-        for tries in range(len(p_dec.ranked) + len(d_dec.ranked) - 1):
+        for _ in range(len(p_dec.ranked) + len(d_dec.ranked) - 1):  # one rank down per failure
             p_rank, d_rank = ranks["prefill"], ranks["decode"]
-            if p_rank >= len(p_dec.ranked) or d_rank >= len(d_dec.ranked):
-                break
-            if tries > 0:
-                if not ctx.budget.may_retry(tries - 1, time.monotonic()):
-                    if tries <= ctx.budget.max_retries:
-                        ctx.metrics.retry_refused.inc()
-                        record.error = "retry refused by the retry budget"
-                    break
-                ctx.metrics.retries.inc()
             assert prefill.fleet is not None
             engine = prefill.fleet.engines[p_dec.ranked[p_rank]]
             host, port = bootstrap_address(engine)
@@ -164,9 +159,11 @@ class BootstrapPair:
             if isinstance(result, Reply):
                 return result
             last = result
-            if not result.retryable:
-                break
             ranks[result.stage] += 1
+            if not result.retryable or not self._may_retry(
+                ranks[result.stage], ranked[result.stage], record
+            ):
+                break
         assert last is not None
         if isinstance(last.failure, Reply):
             return last.failure
@@ -176,6 +173,20 @@ class BootstrapPair:
             code=last.failure.code,
             headers=decision_headers(record),
         )
+
+    def _may_retry(self, rank: int, ranked: Sequence[int], record: DecisionRecord) -> bool:
+        """Whether the failed stage may go on at ``rank`` of its ranking: each stage
+        retries within the budget as a P/D step does (``Forwarder.try_ranked``)."""
+        budget = self.ctx.budget
+        if rank >= len(ranked):
+            return False
+        if not budget.may_retry(rank - 1, time.monotonic()):
+            if rank <= budget.max_retries:
+                self.ctx.metrics.retry_refused.inc()
+                record.error = "retry refused by the retry budget"
+            return False
+        self.ctx.metrics.retries.inc()
+        return True
 
     async def _pair(
         self,

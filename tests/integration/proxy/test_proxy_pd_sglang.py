@@ -74,14 +74,15 @@ def spec(name: str, role: str, **extra: Any) -> EngineSpec:
 
 
 @contextlib.asynccontextmanager
-async def sglang_stack() -> AsyncIterator[tuple[EmulatedFleet, Any, str]]:
-    """An SGLang prefill and decode engine behind the proxy: (fleet, context, url)."""
-    specs = [spec("prefill-0", "prefill"), spec("decode-1", "decode")]
+async def sglang_stack(
+    roles: tuple[str, ...] = ("prefill", "decode"),
+) -> AsyncIterator[tuple[EmulatedFleet, Any, str]]:
+    """SGLang engines of ``roles`` (named ``<role>-<i>``) behind the proxy:
+    (fleet, context, url)."""
+    specs = [spec(f"{role}-{i}", role) for i, role in enumerate(roles)]
     async with EmulatedFleet(specs) as fleet:
-        p, d = fleet[0], fleet[1]
-        toml = sglang_toml(
-            [("prefill-0", p.url, "prefill", p.bootstrap_port), ("decode-1", d.url, "decode", None)]
-        )
+        engines = [(e.name, e.url, e.spec.role, e.bootstrap_port) for e in fleet.engines]
+        toml = sglang_toml(engines)
         async with serve_proxy(decode_config(toml, source="sglang.toml")) as (app, url, _):
             yield fleet, app.context, url
 
@@ -161,6 +162,44 @@ def test_sglang_pd_dispatches_both_requests_before_the_prefill_finishes(h: Harne
                 assert r.status == 200, await r.text()
                 assert (await r.json())["choices"][0]["message"]["content"]
             assert prefill.rooms.waiting == 0
+
+    h.run(main())
+
+
+def test_sglang_pd_fails_over_on_both_pools_with_a_fresh_room(h: Harness) -> None:
+    """prefill-0 refuses connections and decode-2 answers 500: every request succeeds on
+    prefill-1 and decode-3; a retried pair got a new room; the failing engines are
+    charged, and neither failure marks an engine of the other pool."""
+
+    async def main() -> None:
+        roles = ("prefill", "prefill", "decode", "decode")
+        async with sglang_stack(roles) as (fleet, ctx, url), aiohttp.ClientSession() as s:
+            await fleet[0].set_faults(refuse_connections=True)
+            await fleet[2].set_faults(error_rate=1.0, error_status=500)
+            retried = 0
+            for i in range(8):
+                body = h.chat_body(f"question {i}")
+                async with s.post(url + "/v1/chat/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    assert r.headers["x-fastroute-engine"] == "decode-3"
+                    record = await decision_record(s, url, r.headers["x-request-id"])
+                last = {a["stage"]: a for a in record["attempts"]}
+                assert last["prefill"]["engine"] == "prefill-1"
+                assert last["prefill"]["outcome"] == last["decode"]["outcome"] == "success"
+                failed = [
+                    a for a in record["attempts"] if a["outcome"] not in ("success", "cancelled")
+                ]
+                assert {(a["engine"], a["outcome"]) for a in failed} <= {
+                    ("prefill-0", "connect_error"),
+                    ("decode-2", "http_5xx"),
+                }
+                retried += bool(failed)
+            assert retried >= 1
+            assert ctx.pd is not None
+            now = ctx.pd.decode.clock()
+            assert ctx.pd.prefill.outlier.available_mask(now).tolist()[1]
+            assert ctx.pd.decode.outlier.available_mask(now).tolist()[1]
+            assert all(e.model.num_running + e.model.num_waiting == 0 for e in fleet.engines)
 
     h.run(main())
 
