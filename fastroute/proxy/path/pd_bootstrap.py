@@ -69,6 +69,9 @@ __all__ = ["BootstrapPair", "bootstrap_body", "bootstrap_address", "ROOM_BITS"]
 ROOM_BITS = 63
 #: Bytes of a streamed prefill answer kept to read its usage from (one token's events).
 MAX_PREFILL_ANSWER_BYTES = 64 * 1024
+#: How long a decoded JSON answer waits for the prefill's (for its ``cached_tokens``);
+#: past it the prefill attempt is cancelled and the answer has no ``cached_tokens``.
+PREFILL_ANSWER_GRACE_S = 1.0
 
 
 def bootstrap_address(engine: EngineConfig) -> tuple[str, int]:
@@ -216,7 +219,9 @@ class BootstrapPair:
             if reply.status != 200:
                 await _cancel(p_task, prefill, "prefill", "the decode failed")
                 return reply
-            p_result = await p_task  # done, or its answer is on the way: the KV was sent
+            # The prefill has answered, or its answer is on the way (the KV was sent).
+            await asyncio.wait((p_task,), timeout=PREFILL_ANSWER_GRACE_S)
+            p_result = p_task.result() if p_task.done() else None
             if not reply.streamed and not isinstance(p_result, _Failed):
                 reply.body = with_prefill_cached(reply.body, p_result)
             return reply
@@ -244,6 +249,7 @@ class BootstrapPair:
                 502, why, code="upstream_error", headers=decision_headers(prefill.record)
             )
             return _Failed("prefill", failed, retryable=False)
+        prefill.record.timings["prefilled"] = prefill.loop.time() - prefill.t0
         if reply.streamed:
             cached = stream_cached_tokens(bytes(sink.data))
         else:
@@ -255,8 +261,9 @@ class BootstrapPair:
 async def _cancel(task: asyncio.Task[Any], state: RequestState, stage: str, why: str) -> None:
     """Cancel a stage's attempt if it still runs; its record entry says why."""
     if task.done():
-        if not task.cancelled():
-            task.exception()  # retrieved: a failure was handled by the caller, or is moot
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None and not isinstance(exc, Retryable):
+            raise exc  # a bug, not an engine's failure: never swallowed
         return
     task.cancel()
     try:

@@ -113,6 +113,7 @@ def test_sglang_pd_end_to_end_through_the_openai_client(h: Harness) -> None:
                 ("decode", "decode-1", "success"),
                 ("prefill", "prefill-0", "success"),
             ]
+            assert 0 < record["timings"]["prefilled"] <= record["timings"]["done"]
             room = record["bootstrap_room"]
             assert isinstance(room, int) and 0 <= room < 2**63
             # A new prompt, twice: the prefill engine serves its blocks from cache the
