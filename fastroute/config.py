@@ -42,7 +42,7 @@ import sys
 import tomllib
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -58,6 +58,10 @@ __all__ = [
     "PolicyName",
     "Role",
     "EngineKind",
+    "PDProtocol",
+    "DEFAULT_BOOTSTRAP_PORT",
+    "bootstrap_port_of",
+    "pd_protocol_of",
     "PRIORITIES",
     "POLICY_NAMES",
     "DEFAULT_HARDWARE_CLASSES",
@@ -110,6 +114,12 @@ POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
 #: Engine roles: ``both`` serves whole requests; ``prefill``/``decode`` form P/D pools.
 Role = Literal["both", "prefill", "decode"]
 EngineKind = Literal["vllm", "sglang", "llamacpp", "openai"]
+#: How a P/D model's requests reach its engines: ``nixl`` = vLLM's sequential
+#: ``kv_transfer_params`` steps, ``bootstrap`` = SGLang's concurrent dispatch with a
+#: shared ``bootstrap_room``.
+PDProtocol = Literal["nixl", "bootstrap"]
+#: SGLang's default ``--disaggregation-bootstrap-port`` of a prefill server.
+DEFAULT_BOOTSTRAP_PORT = 8998
 
 #: The built-in hardware profiles' names (:data:`fastroute.hardware.PROFILES`).
 DEFAULT_HARDWARE_CLASSES: tuple[str, ...] = tuple(PROFILES)
@@ -243,7 +253,10 @@ class EngineConfig(_Section):
         with the same hardware, model and region form one group in the LP.
     role : {"both", "prefill", "decode"}
         ``both`` serves whole requests; ``prefill`` and ``decode`` engines form a
-        disaggregated pair (vLLM ``kv_transfer_params``).
+        disaggregated pair. The pair's protocol follows ``kind``: ``sglang`` engines use
+        SGLang's bootstrap protocol (both engines get the request at once, with a shared
+        ``bootstrap_room``), the others vLLM's ``kv_transfer_params``. A model's prefill
+        and decode engines must agree (all ``sglang`` or none).
     capacity_rps : float
         Nominal capacity in requests per second at the typical request mix: the
         weight of capacity-proportional fallback routing and the controller's prior
@@ -258,6 +271,10 @@ class EngineConfig(_Section):
         default), ``sglang`` (``sglang:*``, started with ``--enable-metrics``), ``llamacpp``
         (``llamacpp:*``, started with ``--metrics``), or ``openai``: any OpenAI-compatible
         server, no metrics scraped.
+    bootstrap_port : int, optional
+        ``kind = "sglang"``, ``role = "prefill"`` only: the engine's disaggregation
+        bootstrap port (``--disaggregation-bootstrap-port``), sent to the decode engine
+        as ``bootstrap_port``; unset means SGLang's default, 8998.
     """
 
     name: Name
@@ -271,6 +288,18 @@ class EngineConfig(_Section):
     max_concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
     api_key: ApiKey | None = None
     kind: EngineKind = "vllm"
+    bootstrap_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
+
+
+def bootstrap_port_of(engine: EngineConfig) -> int:
+    """The bootstrap port a decode engine reaches ``engine`` (an SGLang prefill engine) on."""
+    return DEFAULT_BOOTSTRAP_PORT if engine.bootstrap_port is None else engine.bootstrap_port
+
+
+def pd_protocol_of(kinds: Iterable[str]) -> PDProtocol:
+    """The P/D protocol of a model whose prefill and decode engines are of ``kinds``
+    (which :func:`validate_config` has checked agree): ``bootstrap`` for SGLang."""
+    return "bootstrap" if "sglang" in set(kinds) else "nixl"
 
 
 class TenantConfig(_Section):
@@ -1028,6 +1057,28 @@ def _host_port(url: str) -> tuple[str, int] | None:
     return parts.hostname.lower(), parts.port
 
 
+def _pd_kind_problems(config: Config) -> Iterator[tuple[str, str]]:
+    """A model's prefill and decode engines must speak one P/D protocol: SGLang's
+    bootstrap protocol (all ``sglang``) or vLLM's ``kv_transfer_params`` (none)."""
+    pd_engines: dict[str, list[int]] = {}
+    for i, engine in enumerate(config.engines):
+        if engine.role != "both":
+            for model in engine.models:
+                pd_engines.setdefault(model, []).append(i)
+    for model, indices in pd_engines.items():
+        sglang = [i for i in indices if config.engines[i].kind == "sglang"]
+        if sglang and len(sglang) != len(indices):
+            other = next(i for i in indices if i not in sglang)
+            yield (
+                f"$.engines[{other}].kind",
+                f"model {model!r} mixes P/D protocols: engine "
+                f"{config.engines[sglang[0]].name!r} is kind 'sglang' (bootstrap protocol) but "
+                f"{config.engines[other].name!r} is kind {config.engines[other].kind!r} (vLLM "
+                "kv_transfer_params); a model's prefill and decode engines must all be 'sglang' "
+                "or none",
+            )
+
+
 def _cross_field_problems(config: Config) -> Iterator[tuple[str, str]]:
     """Yield ``(json_path, message)`` for every cross-field rule ``config`` breaks."""
     # Regions and zones.
@@ -1111,6 +1162,14 @@ def _cross_field_problems(config: Config) -> Iterator[tuple[str, str]]:
             yield f"{at}.zone", unknown("zone (a region's zone)", engine.zone, zones)
         if engine.hardware not in hardware:
             yield f"{at}.hardware", unknown("hardware class", engine.hardware, list(hardware))
+        if engine.bootstrap_port is not None and (
+            engine.kind != "sglang" or engine.role != "prefill"
+        ):
+            yield (
+                f"{at}.bootstrap_port",
+                f"bootstrap_port is for SGLang prefill engines (kind 'sglang', role 'prefill'); "
+                f"this engine is kind {engine.kind!r}, role {engine.role!r}",
+            )
 
     def engine_zone(engine: EngineConfig) -> str | None:
         if engine.zone is not None:
@@ -1133,6 +1192,7 @@ def _cross_field_problems(config: Config) -> Iterator[tuple[str, str]]:
                 f"model {model!r} has {'/'.join(sorted(have))} engines but no {missing!r} or "
                 "'both' engine, so no request for it can complete",
             )
+    yield from _pd_kind_problems(config)
 
     # Tenants.
     tenant_names: set[str] = set()

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import signal
 import sys
+
+from fastroute.emulator.bootstrap import DEFAULT_BOOTSTRAP_TIMEOUT_S
 
 __all__ = ["add_arguments", "run", "serve_fleet", "parse_step_time_factors"]
 
@@ -47,6 +50,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     real.add_argument(
         "--kind", default="vllm", choices=["vllm", "sglang", "llamacpp"],
         help="engine to behave like: /metrics dialect, error shape, reasoning delta field",
+    )  # fmt: skip
+    real.add_argument(
+        "--bootstrap-port", type=int, default=0,
+        help="--kind sglang --role prefill: engine i's P/D bootstrap port is PORT+i "
+        "(SGLang's --disaggregation-bootstrap-port; 0: ephemeral, logged)",
+    )  # fmt: skip
+    real.add_argument(
+        "--bootstrap-timeout-s", type=float, default=DEFAULT_BOOTSTRAP_TIMEOUT_S,
+        help="--kind sglang --role decode: how long a request waits for the prefill of its "
+        "bootstrap_room before failing (500)",
     )  # fmt: skip
     real.add_argument(
         "--stream-interval", type=int, default=1,
@@ -150,7 +163,9 @@ def _specs(args: argparse.Namespace) -> list:
     faults.validate()
     if args.stream_interval < 1 or args.reasoning_tokens < 0:
         raise ValueError("--stream-interval must be >= 1 and --reasoning-tokens >= 0")
-    return fleet_specs(
+    if args.bootstrap_port < 0 or args.bootstrap_timeout_s <= 0:
+        raise ValueError("--bootstrap-port must be >= 0 and --bootstrap-timeout-s > 0")
+    specs = fleet_specs(
         args.count,
         base_port=args.base_port,
         name_prefix=args.name_prefix,
@@ -170,7 +185,14 @@ def _specs(args: argparse.Namespace) -> list:
         final_empty_delta=args.final_empty_delta,
         prompt_tokens_details=not args.no_prompt_tokens_details,
         reasoning_tokens=args.reasoning_tokens,
+        bootstrap_timeout_s=args.bootstrap_timeout_s,
     )
+    if args.bootstrap_port:
+        specs = [
+            dataclasses.replace(spec, bootstrap_port=args.bootstrap_port + i)
+            for i, spec in enumerate(specs)
+        ]
+    return specs
 
 
 async def serve_fleet(specs: list) -> None:

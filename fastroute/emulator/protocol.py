@@ -94,6 +94,10 @@ class _Common(msgspec.Struct):
     ignore_eos: bool = False
     n: int | None = 1
     kv_transfer_params: dict[str, Any] | None = None
+    #: SGLang P/D: the prefill engine's bootstrap address and the request's shared room
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
     #: vLLM: tokens per SSE event for this request (the server's ``--stream-interval`` if unset)
     stream_interval: int | None = None
     #: llama.cpp: prompt-progress events before the first token

@@ -12,11 +12,15 @@ Endpoints (per engine)
     JSON or SSE (``stream: true``), OpenAI chunk format, ``stream_options.include_usage``,
     ``usage.prompt_tokens_details.cached_tokens``, ``max_tokens`` /
     ``max_completion_tokens``, ``min_tokens``, ``ignore_eos``, ``n = 1``, vLLM's
-    ``kv_transfer_params`` (disaggregated prefill/decode).
+    ``kv_transfer_params`` (disaggregated prefill/decode), and for ``kind = "sglang"``
+    P/D engines SGLang's ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room``.
 ``GET /v1/models``, ``GET /health`` (503 while loading or draining), ``GET /metrics``.
 ``GET|POST|DELETE /admin/fault`` (loopback only): see :mod:`fastroute.emulator.faults`.
 ``POST /internal/kv_transfer/claim`` (loopback only): a decode engine in another
     process claims KV held by this (prefill) engine.
+``POST /bootstrap/claim`` (loopback only; an SGLang prefill engine also serves it on its
+    bootstrap port): a decode engine waits for the KV of a ``bootstrap_room``
+    (:mod:`fastroute.emulator.bootstrap`).
 
 Bounds: request bodies over ``max_body_bytes`` get 413; a full waiting queue
 (``EngineConfig.max_waiting``) gets 429 with ``Retry-After: 1``; hung requests
@@ -40,6 +44,7 @@ from typing import Any
 import msgspec
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
+from fastroute.emulator.bootstrap import DEFAULT_BOOTSTRAP_TIMEOUT_S, BootstrapRooms, RoomFailed
 from fastroute.emulator.faults import FaultController, FaultState, FaultUpdate
 from fastroute.emulator.metrics import EngineMetrics
 from fastroute.emulator.model import (
@@ -95,6 +100,8 @@ _LOOPBACK = frozenset({"127.0.0.1", "::1"})
 #: back-to-back steps on a GPU have no gap, and timer lateness must not accumulate.
 LATE_TOLERANCE_S = 0.005
 _CLAIM_TIMEOUT = ClientTimeout(total=2.0)
+#: Slack on top of the wait for the bootstrap request itself (connect, answer).
+_BOOTSTRAP_HTTP_SLACK_S = 2.0
 
 #: Engines of this process by engine id, so a decode engine claims KV without HTTP.
 _LOCAL_ENGINES: weakref.WeakValueDictionary[str, EmulatedEngine] = weakref.WeakValueDictionary()
@@ -159,6 +166,12 @@ class EngineSpec:
     reasoning_tokens : int
         The first this many output tokens of a chat response are reasoning (``delta.reasoning``
         or ``reasoning_content``; ``message.reasoning``... in JSON), the rest content.
+    bootstrap_port : int
+        ``kind = "sglang"``, ``role = "prefill"``: the port of the bootstrap listener decode
+        engines reach it on (0: an ephemeral port, see ``EmulatedEngine.bootstrap_port``).
+    bootstrap_timeout_s : float
+        ``kind = "sglang"``, ``role = "decode"``: how long a request waits for the prefill of
+        its ``bootstrap_room`` before it fails (500).
     """
 
     name: str = "engine-0"
@@ -181,6 +194,8 @@ class EngineSpec:
     final_empty_delta: bool = False
     prompt_tokens_details: bool = True
     reasoning_tokens: int = 0
+    bootstrap_port: int = 0
+    bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S
 
 
 class TokenChannel:
@@ -303,6 +318,14 @@ class EmulatedEngine:
         self._next_block_id = 0
         self._session: ClientSession | None = None
         self._created = int(time.time())
+        #: SGLang P/D: the bootstrap rooms of a prefill engine, and its bootstrap port.
+        self.rooms = BootstrapRooms()
+        self.bootstrap_port: int | None = None
+
+    @property
+    def bootstrap(self) -> bool:
+        """Whether this engine speaks SGLang's P/D protocol (bootstrap rooms)."""
+        return self.spec.kind == "sglang" and self.spec.role != "both"
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -329,11 +352,20 @@ class EmulatedEngine:
         self._ready_at_s = loop.time() + self.spec.load_time_s
         self._step_task = asyncio.create_task(self._step_loop(), name=f"engine-{self.name}-steps")
         _LOCAL_ENGINES[self.engine_id] = self
+        if self.bootstrap and self.spec.role == "prefill":
+            site = web.TCPSite(self._runner, self.spec.host, self.spec.bootstrap_port)
+            await site.start()
+            self.bootstrap_port = site.port
         if self.faults.state.refuse_connections:
             await self._bind()  # learn the port (maybe ephemeral), then close it as asked
         await self._sync_listener()
         logger.info(
-            "engine %s (%s, %s) on %s", self.name, self.profile.name, self.spec.role, self.url
+            "engine %s (%s, %s) on %s%s",
+            self.name,
+            self.profile.name,
+            self.spec.role,
+            self.url,
+            "" if self.bootstrap_port is None else f", bootstrap port {self.bootstrap_port}",
         )
 
     async def stop(self) -> None:
@@ -470,6 +502,7 @@ class EmulatedEngine:
         app.router.add_post("/admin/fault", self._post_fault)
         app.router.add_delete("/admin/fault", self._delete_fault)
         app.router.add_post("/internal/kv_transfer/claim", self._claim_endpoint)
+        app.router.add_post("/bootstrap/claim", self._bootstrap_endpoint)
         return app
 
     def _error(self, status: int, message: str, param: str | None = None) -> web.Response:
@@ -627,6 +660,79 @@ class EmulatedEngine:
                 "kv_transfer_params",
             )
 
+    # -- SGLang P/D bootstrap -------------------------------------------------------------------
+    async def _bootstrap_endpoint(self, request: web.Request) -> web.Response:
+        """Prefill side: wait for the room's prefill, release its KV to the decode engine."""
+        if not self._admin_allowed(request):
+            return self._error(403, "internal endpoints accept loopback clients only")
+        try:
+            body = msgspec.json.decode(await request.read(), type=dict[str, Any])
+            room, timeout_s = int(body["bootstrap_room"]), float(body["timeout_s"])
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+            return self._error(400, "expected {bootstrap_room, timeout_s}")
+        if not self.bootstrap or self.spec.role != "prefill":
+            return self._error(404, f"engine {self.name} is not an SGLang prefill engine")
+        try:
+            request_id = await self.rooms.wait(room, timeout_s)
+        except RoomFailed as exc:
+            return self._error(404, str(exc), "bootstrap_room")
+        now = asyncio.get_running_loop().time()
+        if self.model.held(request_id, now) is None:
+            return self._error(404, f"the KV of bootstrap_room {room} expired", "bootstrap_room")
+        n = self.model.claim_transfer(request_id, now).num_prompt_tokens
+        return web.json_response({"num_prompt_tokens": n})
+
+    def _bootstrap_room(self, parsed: Any) -> int | None:
+        """The request's room on an SGLang P/D engine (400 without one); None elsewhere."""
+        if not self.bootstrap:
+            return None
+        room = parsed.bootstrap_room
+        if room is None or isinstance(room, bool) or not 0 <= room < 2**64:
+            raise RequestError(
+                400,
+                f"this engine is an SGLang {self.spec.role} server (disaggregation mode): "
+                "a request needs a bootstrap_room (an integer shared with its "
+                f"{'decode' if self.spec.role == 'prefill' else 'prefill'} request)",
+                "bootstrap_room",
+            )
+        if self.spec.role == "decode" and (
+            not isinstance(parsed.bootstrap_host, str) or not isinstance(parsed.bootstrap_port, int)
+        ):
+            raise RequestError(
+                400, "a decode request needs bootstrap_host and bootstrap_port", "bootstrap_host"
+            )
+        return room
+
+    async def _bootstrap_claim(self, parsed: Any, room: int, num_prompt_tokens: int) -> None:
+        """Decode side: wait (bounded) for the room's prefill on its engine, take the KV."""
+        if self._session is None:
+            self._session = ClientSession(timeout=_CLAIM_TIMEOUT)
+        wait_s = self.spec.bootstrap_timeout_s
+        url = f"http://{parsed.bootstrap_host}:{parsed.bootstrap_port}/bootstrap/claim"
+        why = ""
+        try:
+            async with self._session.post(
+                url,
+                json={"bootstrap_room": room, "timeout_s": wait_s},
+                timeout=ClientTimeout(total=wait_s + _BOOTSTRAP_HTTP_SLACK_S),
+            ) as resp:
+                answer = await resp.json(content_type=None)
+                if resp.status == 200:
+                    n = int(answer["num_prompt_tokens"])
+                else:
+                    why = str(answer.get("message", resp.status))
+        except (ClientError, TimeoutError, KeyError, ValueError, TypeError, AttributeError) as exc:
+            why = f"bootstrap server {parsed.bootstrap_host}:{parsed.bootstrap_port}: {exc!r}"
+        if why:
+            raise RequestError(500, f"KV transfer of bootstrap_room {room} failed: {why}")
+        if n != num_prompt_tokens:
+            raise RequestError(
+                400,
+                f"bootstrap_room {room} holds {n} prompt tokens; this prompt has "
+                f"{num_prompt_tokens}",
+                "bootstrap_room",
+            )
+
     # -- generation ----------------------------------------------------------------------------
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
@@ -651,14 +757,23 @@ class EmulatedEngine:
             return self._error(
                 413, f"request body exceeds the limit of {self.spec.max_body_bytes} bytes"
             )
+        room: int | None = None
         try:
             parsed = decode_chat(body) if chat else decode_completion(body)
+            room = self._bootstrap_room(parsed)
             if parsed.model is not None and parsed.model != self.spec.model_name:
                 raise RequestError(404, f"The model `{parsed.model}` does not exist.", "model")
             prompt = self._tokenize(parsed, chat)
-            hold_kv, remote = self._pd_mode(parsed.kv_transfer_params)
+            if room is None:
+                hold_kv, remote = self._pd_mode(parsed.kv_transfer_params)
+            else:
+                hold_kv, remote = self.spec.role == "prefill", self.spec.role == "decode"
             output_tokens, finish_reason = self._output_length(parsed, prompt, hold_kv)
-            if remote:
+            if room is not None and hold_kv:
+                output_tokens, finish_reason = 1, "length"  # SGLang's prefill: one token
+            if remote and room is not None:
+                await self._bootstrap_claim(parsed, room, prompt.num_tokens)
+            elif remote:
                 await self._claim_remote(parsed.kv_transfer_params or {}, prompt.num_tokens)
         except RequestError as exc:
             return self._error(exc.status, exc.message, exc.param)
@@ -692,8 +807,12 @@ class EmulatedEngine:
         output_seed = key_hash(response_id) & 0xFFFFFFFF
         try:
             if parsed.stream:
-                return await self._stream(request, parsed, mreq, chat, response_id, output_seed)
-            return await self._complete(request, parsed, mreq, chat, response_id, output_seed)
+                reply = await self._stream(request, parsed, mreq, chat, response_id, output_seed)
+            else:
+                reply = await self._complete(request, parsed, mreq, chat, response_id, output_seed)
+            if room is not None and hold_kv and channel.finished:
+                self.rooms.held(room, response_id)  # the decode of this room may take the KV
+            return reply
         except _Abort:
             transport = request.transport
             if transport is not None:
@@ -781,8 +900,8 @@ class EmulatedEngine:
         return False
 
     def _final_extra(self, mreq: Request) -> dict[str, Any] | None:
-        if not mreq.hold_kv:
-            return None
+        if not mreq.hold_kv or self.bootstrap:
+            return None  # SGLang's decode finds the KV by bootstrap_room, not in the answer
         block_ids = list(range(self._next_block_id, self._next_block_id + mreq.num_blocks_held))
         self._next_block_id += len(block_ids)
         mreq.data.block_ids = block_ids

@@ -350,6 +350,12 @@ class Simulator:
                     )
                 )
         self.engine_names = tuple(e.name for e in self.engines)
+        #: Each disaggregated model's P/D protocol from its groups' kind (validated to agree).
+        self.pd_protocols = {
+            g.model: "bootstrap" if g.kind == "sglang" else "nixl"
+            for g in sc.engines
+            if g.role != "mixed"
+        }
         n_r = len(self.regions)
         lat = np.full((n_r, n_r), sc.network.inter_region_ms / 1000.0)
         np.fill_diagonal(lat, sc.network.intra_region_ms / 1000.0)
@@ -751,12 +757,25 @@ class Simulator:
             if att.phase == "prefill":
                 att.prefill_end_s = end
                 att.prefill_cached = mreq.num_cached_tokens
-                d = self.engines[att.decode_engine]
-                hop = self.latency_s[self.region_index[e.region], self.region_index[d.region]]
-                self._push(end + hop, K_TRANSFER, att)
+                self._push(self._kv_arrives_s(att, e, end), K_TRANSFER, att)
                 continue
             back = self.dp_engine_lat[self.region_index[att.req.sess.dp.region]][e.index]
             self._push(end + back, K_RESPONSE, att, Outcome.SUCCESS)
+
+    def _kv_arrives_s(self, att: _Attempt, p: SimEngine, end: float) -> float:
+        """When the decode engine of a P/D attempt starts on the KV its prefill (on ``p``,
+        done at ``end``) computed: the P->D hop after whatever the protocol waits for.
+
+        vLLM's protocol (sequential) first sends the prefill's answer back to the data
+        plane, which then sends the decode request; SGLang's (concurrent) sent the decode
+        request with the prefill's, so only its arrival can be later than the KV.
+        """
+        d = self.engines[att.decode_engine]
+        hop = float(self.latency_s[self.region_index[p.region], self.region_index[d.region]])
+        to_engine = self.dp_engine_lat[self.region_index[att.req.sess.dp.region]]
+        if self.pd_protocols.get(p.model_name) == "bootstrap":
+            return max(end + hop, att.sent_s + to_engine[d.index])
+        return end + to_engine[p.index] + to_engine[d.index] + hop
 
     def _submit(self, e: SimEngine, att: _Attempt, t: float, **kw: Any) -> Outcome | None:
         self._touch(e, t)

@@ -97,6 +97,12 @@ class EngineGroup(msgspec.Struct, **_OPTS):
     role : {"mixed", "prefill", "decode"}
         Mixed engines serve whole requests; a model with prefill and decode groups is
         served disaggregated (prefill with KV held, then decode with the KV transferred).
+    kind : {"vllm", "sglang"}
+        The engines' software, for a disaggregated model's protocol (its prefill and
+        decode groups must agree): ``vllm`` is sequential (the prefill's answer returns
+        to the data plane, which then sends the decode request), ``sglang`` concurrent
+        (both requests leave at once; the decode starts when the prefill's KV arrives,
+        with no round trip through the data plane in between).
     max_num_seqs : int
         vLLM ``max_num_seqs``.
     max_num_batched_tokens : int or None
@@ -129,6 +135,7 @@ class EngineGroup(msgspec.Struct, **_OPTS):
     profile: str = "h100"
     model: str = "demo-8b"
     role: Literal["mixed", "prefill", "decode"] = "mixed"
+    kind: Literal["vllm", "sglang"] = "vllm"
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     num_blocks: int | None = None
@@ -392,6 +399,12 @@ def _check(s: Scenario, where: str) -> None:
             bad(f"model {m!r}: mix of mixed and prefill/decode groups is not supported")
         if roles & {"prefill", "decode"} and roles != {"prefill", "decode"}:
             bad(f"model {m!r}: disaggregated serving needs both prefill and decode groups")
+        kinds = {g.kind for g in s.engines if g.model == m and g.role != "mixed"}
+        if len(kinds) > 1:
+            bad(
+                f"model {m!r}: prefill/decode groups of kinds {sorted(kinds)} speak different "
+                "P/D protocols; make them all 'vllm' or all 'sglang'"
+            )
     if s.replay is not None:
         if s.trace is not None:
             bad("[replay] and [trace] are exclusive")

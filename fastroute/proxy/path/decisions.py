@@ -87,6 +87,9 @@ class DecisionRecord:
         tokens, the marginal cost (seconds) of each ranked candidate, why a request was
         rejected, and the calibration sample counts per engine type and kind (per
         stage for P/D).
+    bootstrap_room : int or None
+        SGLang P/D requests: the ``bootstrap_room`` of the last pair attempt (both its
+        engines got it).
 
     ``candidates`` and ``filters`` may be deferred (:meth:`defer`): rendering names,
     weights and filter explanations for every request cost more than the rest of the
@@ -113,6 +116,7 @@ class DecisionRecord:
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     prediction: dict[str, Any] | None = None
+    bootstrap_room: int | None = None
     # Renders (candidates, filters) from what the decision captured; None once rendered.
     _render: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = field(
         default=None, repr=False

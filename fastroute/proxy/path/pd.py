@@ -1,8 +1,11 @@
-"""Disaggregated prefill/decode (P/D) in the proxy: vLLM's ``kv_transfer_params`` protocol.
+"""Disaggregated prefill/decode (P/D) in the proxy: the pools, and vLLM's protocol.
 
 A model served by ``role = "prefill"`` and ``role = "decode"`` engines and by no
-``both`` engine is a P/D model: each request runs in two steps (vLLM's disaggregated
-serving proxy protocol, as the emulator implements it):
+``both`` engine is a P/D model. Its engines' ``kind`` picks the protocol
+(:attr:`PDPools.protocols`): SGLang engines speak SGLang's bootstrap protocol, the same
+request to both engines at once (:mod:`fastroute.proxy.path.pd_bootstrap`); the others
+vLLM's ``kv_transfer_params`` protocol, in two steps (vLLM's disaggregated serving proxy
+protocol, as the emulator implements it):
 
 1. **Prefill** on an engine of the prefill pool: the original body with
    ``max_tokens: 1`` (and ``max_completion_tokens: 1`` if present), ``stream: false``,
@@ -37,7 +40,7 @@ from typing import Any
 
 import msgspec
 
-from fastroute.config import Config
+from fastroute.config import Config, PDProtocol, pd_protocol_of
 from fastroute.policy import IndependentPairs, PairSelector, Policy
 from fastroute.proxy.path.fleet import Fleet
 from fastroute.tables.stats import StatsBlock
@@ -91,6 +94,8 @@ class PDPools:
     ----------
     models : frozenset of str
         Models served by P/D: a prefill and a decode engine, and no ``both`` engine.
+    protocols : dict of str to {"nixl", "bootstrap"}
+        Each P/D model's protocol, from its engines' kind (``bootstrap``: SGLang's).
     prefill, decode : Fleet
     prefill_policies, decode_policies : dict of str to Policy
         Each pool's policy instances (``on_routed``/``on_complete`` go to these).
@@ -107,6 +112,12 @@ class PDPools:
         for e in config.engines:
             by_role[e.role].update(e.models)
         self.models = frozenset((by_role["prefill"] & by_role["decode"]) - by_role["both"])
+        self.protocols: dict[str, PDProtocol] = {
+            model: pd_protocol_of(
+                e.kind for e in config.engines if model in e.models and e.role != "both"
+            )
+            for model in self.models
+        }
         self.prefill = Fleet(_pool_config(config, "prefill"), stats_block=stats_block)
         self.decode = Fleet(_pool_config(config, "decode"), stats_block=stats_block)
         self.prefill_policies = prefill_policies

@@ -1,5 +1,9 @@
 """A P/D request as two stages of the ranked-attempt loop (:mod:`fastroute.proxy.path.pd`).
 
+Models whose engines are SGLang's take the concurrent path of
+:mod:`fastroute.proxy.path.pd_bootstrap` once the pair is decided; the rest is vLLM's
+sequential protocol:
+
 The pair is decided once (the class's :class:`~fastroute.proxy.path.strategy.PairStrategy`),
 then the request state is pointed at the prefill pool (the prefill body, a sink that
 refuses to stream) and forwarded, then at the decode pool (the decode body with the
@@ -10,6 +14,7 @@ prefill's ``kv_transfer_params``, the client's sink, whose usage gets the prefil
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -22,6 +27,7 @@ from fastroute.proxy.path.decisions import DecisionRecord
 from fastroute.proxy.path.forward import Forwarder
 from fastroute.proxy.path.headers import decision_headers
 from fastroute.proxy.path.pd import PDProtocolError, decode_body, prefill_body, transfer_params
+from fastroute.proxy.path.pd_bootstrap import BootstrapPair
 from fastroute.proxy.path.pd_usage import (
     CachedTokensSink,
     prefill_cached_tokens,
@@ -90,9 +96,11 @@ class PDStages:
         self.ctx = ctx
         self.forwarder = forwarder
         self.pairs = pairs
+        self.bootstrap = BootstrapPair(ctx, forwarder)
 
     async def forward(self, state: RequestState) -> Reply:
-        """Prefill on the prefill pool, then decode (relayed) on the decode pool."""
+        """Prefill on the prefill pool, then decode (relayed) on the decode pool (or both
+        at once, for SGLang engines)."""
         assert state.strategy is not None and state.body is not None
         pair = self.pairs[state.strategy.name]
         decided = self._decide(state, pair)
@@ -101,6 +109,12 @@ class PDStages:
         p_dec, d_dec, p_route, d_route = decided
         self.forwarder.deposit(self.ctx.fleet.state)
         state.deadline = state.t0 + self.ctx.config.timeouts.total_timeout_s
+        assert self.ctx.pd is not None
+        if self.ctx.pd.protocols[state.model] == "bootstrap":
+            prefill = dataclasses.replace(state)  # the prefill's stage, alongside the decode's
+            _enter(prefill, pair.prefill, p_route, "prefill")
+            _enter(state, pair.decode, d_route, "decode")
+            return await self.bootstrap.forward(state, prefill, p_dec, d_dec)
         original = msgspec.json.decode(state.body)  # parsed before: a JSON object
         client_sink = state.sink
         _enter(state, pair.prefill, p_route, "prefill")

@@ -17,7 +17,12 @@ import msgspec
 
 from fastroute.proxy.http.reply import Headers, Sink, Splice
 
-__all__ = ["prefill_cached_tokens", "with_prefill_cached", "CachedTokensSink"]
+__all__ = [
+    "prefill_cached_tokens",
+    "stream_cached_tokens",
+    "with_prefill_cached",
+    "CachedTokensSink",
+]
 
 _EVENT_END = b"\n\n"
 _DATA = b"data: "
@@ -33,6 +38,15 @@ def prefill_cached_tokens(prefill_response: bytes) -> int | None:
     except (msgspec.DecodeError, KeyError, TypeError):
         return None
     return cached if isinstance(cached, int) and not isinstance(cached, bool) else None
+
+
+def stream_cached_tokens(events: bytes) -> int | None:
+    """The ``cached_tokens`` of a prefill engine's streamed answer: its last ``data:``
+    event with a usage object (None when no event has one)."""
+    for event in reversed(events.split(_EVENT_END)):
+        if event.startswith(_DATA) and _USAGE in event:
+            return prefill_cached_tokens(event[len(_DATA) :])
+    return None
 
 
 def _set_cached(usage: Any, cached: int | None) -> bool:
@@ -92,12 +106,18 @@ class CachedTokensSink:
     sink : Sink
         The client's sink.
     cached : int or None
-        The prefill engine's ``cached_tokens``.
+        The prefill engine's ``cached_tokens`` (may be set later, before the usage event).
+
+    Attributes
+    ----------
+    started : bool
+        The client's response has begun (no other engine may answer it now).
     """
 
     def __init__(self, sink: Sink, cached: int | None) -> None:
         self.sink = sink
         self.cached = cached
+        self.started = False
         self._tail = b""
         self._splice: Splice | None = None
 
@@ -115,6 +135,7 @@ class CachedTokensSink:
 
     async def start(self, status: int, headers: Headers, raw_head: bytes = b"") -> None:
         """Start the client's response."""
+        self.started = True
         await self.sink.start(status, headers, raw_head)
 
     async def write(self, data: bytes) -> None:
