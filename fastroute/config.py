@@ -96,10 +96,12 @@ __all__ = [
 Priority = Literal["batch", "default", "interactive"]
 PRIORITIES: tuple[str, ...] = typing.get_args(Priority)
 
-#: Routing policies (``fastroute.policy``); ``weighted-hrw`` follows the controller's LP weights.
+#: Routing policies (``fastroute.policy``); ``prefix-hrw`` (the default) and ``weighted-hrw``
+#: follow the controller's LP weights.
 #: The one list of their names: ``fastroute.policy.registry`` checks at import it has a policy
 #: for each, and no other.
 PolicyName = Literal[
+    "prefix-hrw",
     "weighted-hrw",
     "round-robin",
     "least-request",
@@ -380,16 +382,19 @@ class PolicyConfig(_Section):
     Attributes
     ----------
     default : str
-        Policy for classes without their own: ``weighted-hrw`` (weighted rendezvous
-        hashing over the controller's LP weights), ``round-robin``, ``least-request``,
+        Policy for classes without their own: ``prefix-hrw`` (rendezvous homes of the
+        prompt's prefix depths over the controller's LP weights, the shallowest home within
+        its bounded share of in-flight tokens), ``weighted-hrw`` (weighted rendezvous
+        hashing of the routing key over the LP weights), ``round-robin``, ``least-request``,
         ``power-of-two``, ``consistent-hash``, ``cache-aware``, ``marginal-cost`` or
         ``length-heuristic`` (long prompts by in-flight prompt tokens, short ones by count).
     top_k : int
         Length of the candidate ranking the pick returns: failover order for the retry
         and the candidate set of the marginal-cost refinement.
     bounded_load : bool
-        Walk down the ranking past engines whose in-flight count exceeds
-        ``bounded_load_factor`` times the mean (a hot-key guard).
+        ``weighted-hrw`` only: walk down the ranking past engines whose in-flight count
+        exceeds ``bounded_load_factor`` times the mean (a hot-key guard). ``prefix-hrw``
+        has its own bound (``[policy.params.prefix-hrw] balance_factor``).
     bounded_load_factor : float
         The bounded-load factor c (>= 1). Loose values (about 2) keep KV-cache
         locality at normal load and only act under hot keys.

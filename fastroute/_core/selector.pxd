@@ -19,3 +19,5 @@ cdef class Selector:
     cdef void _check_row(self, Py_ssize_t row) except *
     cdef Py_ssize_t _pick_masked(self, uint64_t key_hash, Py_ssize_t row,
                                  object available) except -2
+    cdef object _rank_prefix(self, const uint64_t* keys, Py_ssize_t n_keys, Py_ssize_t row,
+                             Py_ssize_t k, object loads, double c, object available)

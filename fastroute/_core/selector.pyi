@@ -28,3 +28,13 @@ class Selector:
         available: Any = None,
     ) -> int:
         """Pick with a bounded-load guard (walks the ranking past overloaded engines)."""
+    def rank_prefix(
+        self,
+        key_hashes: Sequence[int],
+        row: int,
+        k: int,
+        loads: npt.ArrayLike,
+        balance_factor: float,
+        available: Any = None,
+    ) -> tuple[list[int], int]:
+        """Rank by the first key whose home is within its bounded share."""

@@ -5,6 +5,7 @@ cimport cython
 from libc.math cimport INFINITY, log
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 
 from fastroute._core.mix cimport engine_seed, mix64, unit_open
 
@@ -253,3 +254,100 @@ cdef class Selector:
         free(score)
         free(used)
         return result
+
+    def rank_prefix(self, key_hashes, Py_ssize_t row, Py_ssize_t k, loads,
+                    double balance_factor, available=None):
+        """Rank by the first key whose home is within its bounded share; see the spec."""
+        if not balance_factor >= 1.0:
+            raise ValueError(f"balance_factor must be >= 1, got {balance_factor}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        cdef Py_ssize_t n_keys = len(key_hashes)
+        if n_keys == 0:
+            raise ValueError("key_hashes must not be empty")
+        self._check_row(row)
+        cdef uint64_t small_keys[16]
+        cdef uint64_t* keys = small_keys
+        memset(small_keys, 0, sizeof(small_keys))  # filled below; silences -Wmaybe-uninitialized
+        if n_keys > 16:
+            keys = <uint64_t*>malloc(n_keys * sizeof(uint64_t))
+            if keys == NULL:
+                raise MemoryError()
+        cdef Py_ssize_t j
+        try:
+            for j in range(n_keys):
+                keys[j] = key_hashes[j]  # OverflowError outside 64 bits, as pick()
+            return self._rank_prefix(keys, n_keys, row, k, loads, balance_factor, available)
+        finally:
+            if n_keys > 16:
+                free(keys)
+
+    cdef object _rank_prefix(self, const uint64_t* keys, Py_ssize_t n_keys, Py_ssize_t row,
+                             Py_ssize_t k, object loads, double c, object available):
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        cdef Py_ssize_t n = self.n_engines
+        if available is not None:
+            mask = _as_mask(available, n)
+            if n:
+                mask_ptr = &mask[0]
+        cdef const int64_t[:] load
+        try:
+            load = loads
+        except (TypeError, ValueError):
+            load = np.asarray(loads, dtype=np.int64)
+        if load.shape[0] != n:
+            raise ValueError(f"loads must have shape ({n},), got ({load.shape[0]},)")
+        if k > n:
+            k = n
+        if k == 0:
+            return [], -1
+        cdef Py_ssize_t small_idx[8]
+        cdef double small_score[8]
+        cdef Py_ssize_t* out_idx = small_idx
+        cdef double* out_score = small_score
+        cdef uint8_t* bounded = NULL
+        if k > 8:
+            out_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+            out_score = <double*>malloc(k * sizeof(double))
+            if out_idx == NULL or out_score == NULL:
+                free(out_idx)
+                free(out_score)
+                raise MemoryError()
+        cdef Py_ssize_t i, j, m = 0, used = -1, e
+        cdef double total_w = 0.0, limit
+        cdef int64_t total_load = 0
+        cdef const double* w = &self._w[row, 0]
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        try:
+            for i in range(n):
+                if inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0):
+                    total_w += w[i]
+                    total_load += load[i]
+            # Within bound iff load_e * W <= c * L * w_e (same arithmetic as the spec).
+            limit = c * <double>total_load
+            for j in range(n_keys):
+                m = self._rank(keys[j], row, mask_ptr, k, out_idx, out_score)
+                if m == 0:
+                    return [], -1
+                e = out_idx[0]
+                if <double>load[e] * total_w <= limit * w[e]:
+                    used = j
+                    break
+            if used < 0:
+                bounded = <uint8_t*>malloc(n * sizeof(uint8_t))
+                if bounded == NULL:
+                    raise MemoryError()
+                for i in range(n):
+                    bounded[i] = (inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0)
+                                  and <double>load[i] * total_w <= limit * w[i])
+                m = self._rank(keys[n_keys - 1], row, bounded, k, out_idx, out_score)
+                if m == 0:
+                    m = self._rank(keys[n_keys - 1], row, mask_ptr, k, out_idx, out_score)
+                used = n_keys
+            return [out_idx[j] for j in range(m)], used
+        finally:
+            free(bounded)
+            if k > 8:
+                free(out_idx)
+                free(out_score)

@@ -266,3 +266,80 @@ class Selector:
             if within_bound(i):
                 return i
         return first[0]
+
+    def rank_prefix(
+        self,
+        key_hashes: Sequence[int],
+        row: int,
+        k: int,
+        loads: Any,
+        balance_factor: float,
+        available: Any = None,
+    ) -> tuple[list[int], int]:
+        """Rank by the first key whose home engine is within its bounded share.
+
+        The rule of the ``prefix-hrw`` policy (``fastroute/policy/prefix_hrw.py``). Over
+        the row's eligible engines ``E``, with ``W = Σ_E w_e`` and ``L = Σ_E loads_e``,
+        engine ``e`` is **within bound** iff ``loads_e · W <= c · L · w_e``: its share of
+        the load is at most ``c`` times its share of the weight (every engine is within
+        bound when ``L = 0``). For ``j = 0, 1, …`` the ranking of ``key_hashes[j]`` is
+        returned if its first engine (the key's rendezvous home) is within bound.
+        Otherwise the ranking of the last key over the within-bound engines is returned;
+        that set is never empty for ``c >= 1`` (the engine of least ``loads_e / w_e``
+        is in it), but if rounding empties it the ranking over ``E`` is returned.
+
+        Parameters
+        ----------
+        key_hashes : sequence of int
+            Unsigned 64-bit keys in the order to try, at least one.
+        row, k, available
+            As :meth:`rank`.
+        loads : array_like of int64, shape (n_engines,)
+            Load per engine (in-flight tokens or requests).
+        balance_factor : float
+            ``c >= 1``.
+
+        Returns
+        -------
+        (list of int, int)
+            Up to ``k`` engine indices in failover order, and the position in
+            ``key_hashes`` of the key that ranked them (``len(key_hashes)`` for the
+            bounded fallback); ``([], -1)`` when no engine is eligible.
+        """
+        if not balance_factor >= 1.0:
+            raise ValueError(f"balance_factor must be >= 1, got {balance_factor}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        keys = [_check_key(h) for h in key_hashes]
+        if not keys:
+            raise ValueError("key_hashes must not be empty")
+        mask = self._check(keys[0], row, available)
+        load = np.asarray(loads)
+        if load.shape != (self.n_engines,):
+            raise ValueError(f"loads must have shape ({self.n_engines},), got {load.shape}")
+        load_list = [int(x) for x in load]
+        k = min(k, self.n_engines)
+        w, inv_w = self._w[row], self._inv_w[row]
+        eligible = [
+            i for i in range(self.n_engines) if inv_w[i] != math.inf and (mask is None or mask[i])
+        ]
+        if not eligible:
+            return [], -1
+        total_w = 0.0
+        total_load = 0
+        for i in eligible:
+            total_w += w[i]
+            total_load += load_list[i]
+
+        def within_bound(i: int) -> bool:
+            return float(load_list[i]) * total_w <= balance_factor * float(total_load) * w[i]
+
+        for j, key in enumerate(keys):
+            ranked = self._rank(key, row, mask, k)
+            if within_bound(ranked[0]):
+                return ranked, j
+        bounded = [False] * self.n_engines
+        for i in eligible:
+            bounded[i] = within_bound(i)
+        ranked = self._rank(keys[-1], row, bounded, k)
+        return (ranked or self._rank(keys[-1], row, mask, k)), len(keys)

@@ -4,7 +4,10 @@ A :class:`Policy` turns a :class:`RouteRequest` and a :class:`FleetView` into a
 :class:`Decision` (a failover ranking of at most ``k`` engines, first = chosen).
 Registered policies (:data:`POLICIES`, built with :func:`make_policy`):
 
-``weighted-hrw`` (default)
+``prefix-hrw`` (default)
+    rendezvous homes of the prompt's prefix depths on the controller's weights, the
+    shallowest home within its bounded share of in-flight tokens;
+``weighted-hrw``
     weighted rendezvous hashing on the controller's weights, optional bounded-load guard;
 ``round-robin``
     cycle through the eligible engines;
@@ -42,6 +45,7 @@ from fastroute.policy.least_request import LeastRequest
 from fastroute.policy.marginal import MarginalCost
 from fastroute.policy.pairs import IndependentPairs, PairSelector
 from fastroute.policy.power_of_two import PowerOfTwo
+from fastroute.policy.prefix_hrw import PrefixHRW
 from fastroute.policy.registry import DEFAULT_POLICY, POLICIES, make_policy, policy_params
 from fastroute.policy.round_robin import RoundRobin
 from fastroute.policy.weighted_hrw import WeightedHRW
@@ -61,6 +65,7 @@ __all__ = [
     "Policy",
     "PolicyConfigError",
     "PowerOfTwo",
+    "PrefixHRW",
     "RoundRobin",
     "RouteRequest",
     "StaticFleetView",

@@ -87,8 +87,9 @@ class RouteRequest(msgspec.Struct, frozen=True, gc=False):
         empty. Only read by policies whose ``needs_prefix`` is true, so the proxy
         can skip extracting it otherwise.
     expected_output_tokens : int or None
-        Predicted output length in tokens, if a predictor is configured (reserved for
-        the marginal-cost policy).
+        Expected output length in tokens: the marginal-cost predictor's, else the
+        request's own output limit (``max_tokens``) when it sets one. Counted with the
+        prompt in the in-flight tokens that token-weighted policies balance.
     """
 
     key_hash: int

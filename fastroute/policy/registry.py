@@ -25,6 +25,7 @@ from fastroute.policy.least_request import LeastRequest
 from fastroute.policy.length_heuristic import LengthHeuristic
 from fastroute.policy.marginal import MarginalCost
 from fastroute.policy.power_of_two import PowerOfTwo
+from fastroute.policy.prefix_hrw import PrefixHRW
 from fastroute.policy.round_robin import RoundRobin
 from fastroute.policy.weighted_hrw import WeightedHRW
 
@@ -52,6 +53,7 @@ def check_names(policies: dict[str, type[Policy]], names: tuple[str, ...]) -> No
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
+        PrefixHRW,
         WeightedHRW,
         RoundRobin,
         LeastRequest,

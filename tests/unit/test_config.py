@@ -179,10 +179,11 @@ def test_default_hardware_classes_are_the_builtin_profiles() -> None:
 
 
 def test_vocabularies_match_the_design() -> None:
-    """Priorities are ordered lowest first; the policy names are the seven of docs/design.md §6 and
-    experiment (h)'s length-heuristic baseline."""
+    """Priorities are ordered lowest first; the policy names are the seven of docs/design.md §6,
+    experiment (h)'s length-heuristic baseline and the prefix-depth default."""
     assert PRIORITIES == ("batch", "default", "interactive")
     assert set(POLICY_NAMES) == {
+        "prefix-hrw",
         "weighted-hrw",
         "round-robin",
         "least-request",

@@ -162,6 +162,52 @@ def test_tiny_weights_count_as_zero(impl: type) -> None:
     assert {selector.pick(k, 0) for k in range(5000)} == {0}
 
 
+def test_rank_prefix_takes_the_first_key_whose_home_is_within_bound(impl: type) -> None:
+    """Idle fleet: the first key's ranking. Its home over c x share: the next key's."""
+    selector = impl(list(range(1, 5)), np.ones((1, 4)))
+    keys = [11, 22, 33]
+    idle = np.zeros(4, dtype=np.int64)
+    assert selector.rank_prefix(keys, 0, 3, idle, 1.25) == (selector.rank(11, 0, 3), 0)
+    home0, home1 = selector.pick(11, 0), selector.pick(22, 0)
+    loads = np.full(4, 100, dtype=np.int64)
+    loads[home0] = 126  # share 126/426 = 0.296 > 1.25 x 0.25
+    ranked, used = selector.rank_prefix(keys, 0, 3, loads, 1.25)
+    if home1 != home0:
+        assert (ranked, used) == (selector.rank(22, 0, 3), 1)
+    loads[home0] = 125  # 125/425 = 0.294 <= 0.3125: within bound again
+    assert selector.rank_prefix(keys, 0, 3, loads, 1.25)[1] == 0
+
+
+def test_rank_prefix_falls_back_to_the_engines_within_bound(impl: type) -> None:
+    """Every key's home over bound: the last key's ranking over the within-bound engines."""
+    selector = impl(list(range(1, 9)), np.ones((1, 8)))
+    keys = [5, 6]
+    loads = np.zeros(8, dtype=np.int64)
+    for key in keys:
+        loads[selector.pick(key, 0)] = 1000
+    ranked, used = selector.rank_prefix(keys, 0, 8, loads, 1.5)
+    assert used == len(keys)
+    assert ranked and all(loads[i] == 0 for i in ranked)
+    assert ranked == selector.rank(6, 0, 8, (loads == 0).astype(np.uint8))
+
+
+def test_rank_prefix_weights_shares_and_handles_edges(impl: type) -> None:
+    """The bound is per weight share; no eligible engine gives ([], -1); bad args raise."""
+    selector = impl([1, 2], [[3.0, 1.0]])
+    loads = np.array([70, 30], dtype=np.int64)  # engine 0 holds 70 % with 75 % of the weight
+    key = next(k for k in range(1000) if selector.pick(k, 0) == 0)
+    assert selector.rank_prefix([key], 0, 2, loads, 1.0)[1] == 0
+    assert selector.rank_prefix([key], 0, 2, loads, 1.0, np.zeros(2, dtype=np.uint8)) == ([], -1)
+    with pytest.raises(ValueError, match="empty"):
+        selector.rank_prefix([], 0, 2, loads, 1.25)
+    with pytest.raises(ValueError, match="balance_factor"):
+        selector.rank_prefix([key], 0, 2, loads, 0.9)
+    with pytest.raises(ValueError, match="loads"):
+        selector.rank_prefix([key], 0, 2, loads[:1], 1.25)
+    with pytest.raises(OverflowError):
+        selector.rank_prefix([2**64], 0, 2, loads, 1.25)
+
+
 # -- compiled / pure parity --------------------------------------------------------------
 
 
@@ -190,6 +236,11 @@ if "cy" in IMPLS:
                 assert py.pick_bounded(key, row, loads, 1.25, mask) == cy.pick_bounded(
                     key, row, loads, 1.25, mask
                 )
+                chain = [key, *_keys(rand, int(rand.np.integers(0, 20)))]
+                for factor in (1.0, 1.25, 3.0):
+                    assert py.rank_prefix(chain, row, k, loads, factor, mask) == cy.rank_prefix(
+                        chain, row, k, loads, factor, mask
+                    )
 
 
 # -- statistical properties --------------------------------------------------------------

@@ -63,19 +63,25 @@ class EngineStats:
         self._shared_slots = slots[self.shared]
         self._all_shared = bool(self.shared.all())
         self._column = block.column(Counter.IN_FLIGHT) if block is not None else None
+        self._token_column = block.column(Counter.IN_FLIGHT_TOKENS) if block is not None else None
         self._local_in_flight = np.zeros(n, dtype=np.int64)
+        self._local_tokens = np.zeros(n, dtype=np.int64)
         self._local_requests = np.zeros(n, dtype=np.int64)
         self._local_failures = np.zeros(n, dtype=np.int64)
         self._local_ewma = np.full((n, len(Ewma)), np.nan)
 
-    def add_in_flight(self, index: int, delta: int) -> None:
-        """Add ``delta`` to engine ``index``'s in-flight count (atomic when shared)."""
+    def add_in_flight(self, index: int, delta: int, tokens: int = 0) -> None:
+        """Add ``delta`` requests and ``tokens`` tokens to engine ``index``'s in-flight
+        counts (atomic when shared)."""
         slot = self._slot_of[index]
         if slot >= 0:
             assert self.block is not None
             self.block.add(slot, Counter.IN_FLIGHT, delta)
+            if tokens:
+                self.block.add(slot, Counter.IN_FLIGHT_TOKENS, tokens)
         else:
             self._local_in_flight[index] += delta
+            self._local_tokens[index] += tokens
 
     def in_flight_of(self, index: int) -> int:
         """Engine ``index``'s current in-flight count (all workers when shared)."""
@@ -92,6 +98,16 @@ class EngineStats:
         out = self._local_in_flight.copy()
         if self._column is not None and self._shared_idx.size:
             out[self._shared_idx] = self._column[self._shared_slots]
+        return out
+
+    def in_flight_tokens(self) -> np.ndarray:
+        """A fresh int64 copy of the in-flight tokens (prompt + output budget) in fleet
+        order, every worker's when shared."""
+        if self._token_column is not None and self._all_shared:
+            return self._token_column[self._shared_slots]
+        out = self._local_tokens.copy()
+        if self._token_column is not None and self._shared_idx.size:
+            out[self._shared_idx] = self._token_column[self._shared_slots]
         return out
 
     def record_outcome(self, index: int, outcome: Outcome) -> None:

@@ -54,9 +54,10 @@ class RequestView:
         return self._fleet.stats.in_flight()
 
     def in_flight_tokens(self) -> np.ndarray | None:
-        """Prompt tokens of this worker's attempts in flight per engine: on a prefill
-        engine the prefill work queued or running, elsewhere the context held."""
-        return np.array(self._fleet.tokens_in_flight, dtype=np.float64)
+        """Prompt + output-budget tokens in flight per engine, every worker's when the
+        block is shared: on a prefill engine the prefill work queued or running,
+        elsewhere the context held."""
+        return self._fleet.stats.in_flight_tokens()
 
 
 class LoadView(RequestView):

@@ -104,7 +104,8 @@ class Forwarder:
         started = loop.time()
         policy = strategy.policy
         policy.on_routed(route, engine_id)
-        fleet.attempt_started(index, route.prompt_tokens)
+        tokens = route.prompt_tokens + (route.expected_output_tokens or 0)
+        fleet.attempt_started(index, tokens)
         tracked = strategy.admit(index, route, started, state.stage)
         ok = False
         try:
@@ -142,7 +143,7 @@ class Forwarder:
                 resp.close()  # no-op once the body was read to its end
         finally:
             attempt.duration_s = loop.time() - started
-            fleet.attempt_finished(index, route.prompt_tokens)
+            fleet.attempt_finished(index, tokens)
             if tracked is not None:
                 strategy.release(tracked, ok, loop.time())
             if ok:

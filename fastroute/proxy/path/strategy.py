@@ -113,7 +113,15 @@ class PlainStrategy:
     def route(
         self, state: RequestState, row: int, prompt_tokens: int, prefix: bytes
     ) -> RouteRequest:
-        return RouteRequest(key_hash=state.key, row=row, prompt_tokens=prompt_tokens, prefix=prefix)
+        parsed = state.parsed
+        budget = parsed.max_output_tokens if parsed is not None else None
+        return RouteRequest(
+            key_hash=state.key,
+            row=row,
+            prompt_tokens=prompt_tokens,
+            prefix=prefix,
+            expected_output_tokens=budget,
+        )
 
     def choose(self, state: RequestState, view: RequestView) -> Decision:
         route = state.route

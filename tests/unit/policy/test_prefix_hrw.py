@@ -1,0 +1,116 @@
+"""``prefix-hrw``: depth keys, homes, the token-load bound, hot prefixes, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastroute.hashing import engine_id
+from fastroute.policy import PolicyConfigError, RouteRequest, StaticFleetView, make_policy
+from fastroute.policy.prefix_hrw import PrefixHRW, depth_keys
+
+
+def _view(n: int = 8, weights: list[float] | None = None) -> StaticFleetView:
+    w = np.array([weights if weights is not None else [1.0] * n])
+    return StaticFleetView([engine_id(f"e{i}") for i in range(n)], w)
+
+
+def _text(seed: int, n_bytes: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    return bytes(rng.integers(97, 123, size=n_bytes, dtype=np.uint8))
+
+
+def _request(prefix: bytes, key: int = 1, tokens: int = 0) -> RouteRequest:
+    return RouteRequest(key_hash=key, row=0, prompt_tokens=tokens, prefix=prefix)
+
+
+def test_requests_sharing_s_bytes_share_exactly_the_depths_up_to_s() -> None:
+    shared = _text(1, 3000)
+    a, b = shared + _text(2, 5000), shared + _text(3, 5000)
+    ka, kb = depth_keys(a, 512), depth_keys(b, 512)
+    assert [d for d, _ in ka] == [512, 1024, 2048, 4096]
+    common = [d for (d, x), (_, y) in zip(ka, kb, strict=True) if x == y]
+    assert common == [512, 1024, 2048]  # 3000 shared bytes: depths <= 3000 only
+    assert depth_keys(b"x" * 511, 512) == []
+
+
+def test_idle_requests_sharing_the_first_block_go_home_whatever_follows() -> None:
+    view, policy = _view(), PrefixHRW()
+    head = _text(5, 600)
+    chosen = {policy.choose(_request(head + _text(s, 4000)), view).chosen for s in range(50)}
+    assert len(chosen) == 1
+    decision = policy.choose(_request(head + _text(99, 100)), view)
+    assert decision.reason == "prefix-home" and decision.scores[0] == 512.0
+
+
+def test_unrelated_prefixes_spread_by_weight() -> None:
+    view, policy = _view(4, [3.0, 1.0, 1.0, 1.0]), PrefixHRW()
+    counts = np.zeros(4)
+    for s in range(3000):
+        counts[policy.choose(_request(_text(s, 600)), view).chosen] += 1
+    share = counts / counts.sum()
+    assert abs(share[0] - 0.5) < 0.04 and np.all(np.abs(share[1:] - 1 / 6) < 0.04)
+
+
+def test_a_hot_prefix_is_replicated_within_the_bound() -> None:
+    """Everybody shares a 2 kB system prompt; requests stay in flight. No engine takes more
+    than c x its share of the tokens (plus the request that crossed the line), and the
+    hot prefix spreads over several engines."""
+    view, policy = _view(8), PrefixHRW(balance_factor=1.25)
+    system = _text(7, 2048)
+    tokens = 1000
+    for s in range(400):
+        user = _text(1000 + s % 40, 2500)  # 40 conversations after the shared prompt
+        decision = policy.choose(_request(system + user, tokens=tokens), view)
+        i = decision.chosen
+        loads = view.token_loads
+        if loads.sum():
+            assert loads[i] * 8 <= 1.25 * loads.sum() + 1e-9  # within bound before adding
+        loads[i] += tokens
+    share = view.token_loads / view.token_loads.sum()
+    assert share.max() <= 1.25 / 8 + tokens / view.token_loads.sum()
+    assert (view.token_loads > 0).sum() >= 6
+
+
+def test_prompts_shorter_than_a_block_use_the_routing_key() -> None:
+    view, policy = _view(), PrefixHRW()
+    decision = policy.choose(_request(b"hi", key=12345), view)
+    assert decision.reason == "no-prefix"
+    assert decision.ranked == tuple(view.selector.rank(12345, 0, 3, view.eligible(0)))
+
+
+def test_deep_order_goes_to_the_deepest_home_and_no_state_is_kept() -> None:
+    view = _view()
+    prefix = _text(3, 5000)
+    deep = PrefixHRW(order="deep").choose(_request(prefix), view)
+    assert deep.scores[0] == 4096.0
+    a, b = PrefixHRW(), PrefixHRW()  # two workers: same decision with no shared state
+    assert a.choose(_request(prefix), view) == b.choose(_request(prefix), view)
+
+
+def test_over_bound_home_spills_to_the_next_depth_then_to_the_least_loaded() -> None:
+    view, policy = _view(4), PrefixHRW(balance_factor=1.0)
+    prefix = _text(11, 1100)  # depths 512 and 1024
+    keys = [h for _, h in depth_keys(prefix, 512)]
+    home0, home1 = (view.selector.pick(h, 0) for h in keys)
+    view.token_loads[:] = 10
+    view.token_loads[home0] = 100
+    decision = policy.choose(_request(prefix), view)
+    if home1 != home0:
+        assert (decision.chosen, decision.reason) == (home1, "prefix-spill")
+        view.token_loads[home1] = 100
+    decision = policy.choose(_request(prefix), view)
+    assert decision.reason == "bounded-spill"
+    assert view.token_loads[decision.chosen] == 10
+
+
+def test_bad_tunables_are_rejected_with_the_reason() -> None:
+    for params, message in [
+        ({"block_bytes": 16}, "block_bytes"),
+        ({"block_bytes": 1024, "prefix_bytes": 512}, "prefix_bytes"),
+        ({"balance_factor": 0.5}, "balance_factor"),
+        ({"order": "middle"}, "order"),
+    ]:
+        with pytest.raises(PolicyConfigError, match=message):
+            make_policy("prefix-hrw", **params)
+    assert make_policy("prefix-hrw", prefix_bytes=8192).prefix_bytes == 8192
