@@ -90,6 +90,12 @@ class RouteRequest(msgspec.Struct, frozen=True, gc=False):
         Expected output length in tokens: the marginal-cost predictor's, else the
         request's own output limit (``max_tokens``) when it sets one. Counted with the
         prompt in the in-flight tokens that token-weighted policies balance.
+    key_depth_bytes : int
+        Where ``key_hash`` ends in ``prefix``, when the routing key is itself a prompt
+        prefix (chat: the messages through the first user message), in bytes of
+        ``prefix``; 0 for a key the client declared (session header, cache key), which
+        comes first; -1 (default) when the key is not about the prompt. Read by
+        ``prefix-hrw``.
     """
 
     key_hash: int
@@ -97,6 +103,7 @@ class RouteRequest(msgspec.Struct, frozen=True, gc=False):
     prompt_tokens: int = 0
     prefix: bytes = b""
     expected_output_tokens: int | None = None
+    key_depth_bytes: int = -1
 
 
 class Decision(msgspec.Struct, frozen=True, gc=False):

@@ -1,44 +1,48 @@
-"""``prefix-hrw``: prefix-depth rendezvous hashing under a token-load bound (the default).
+"""``prefix-hrw``: rendezvous homes of the prompt's prefix depths, hot groups spread,
+under a token-load bound (the default policy).
 
 Algorithm
     Let ``P`` be the leading bytes of the request's rendered prompt (at most
     ``prefix_bytes``) and ``b = block_bytes``. The request's **depth keys** are
-    ``h_j = xxh3_64(P[:b·2^j])`` for ``j = 0, 1, …`` while ``b·2^j <= len(P)``: one key
-    per prefix depth, doubling (a prompt shorter than ``b`` has the routing key
-    ``RouteRequest.key_hash`` as its only key). Two requests that share a leading prefix
-    of ``s`` bytes share every depth key with ``b·2^j <= s``, whatever follows, so a
-    depth key names a group of requests that can reuse one KV-cache prefix, and its
-    weighted rendezvous **home** (``Selector.rank``; docs/algorithms.md §2) is where that
-    prefix is cached once any of them has run there.
+    ``h_j = xxh3_64(P[:b·2^j])`` for ``j = 0, 1, …`` while ``b·2^j <= len(P)``, plus the
+    routing key where it is itself a prefix (chat: the messages through the first user
+    message, at that depth; a session id the client sent, at depth 0), sorted by depth.
+    Two requests that share a leading prefix of ``s`` bytes share every depth key up to
+    ``s``, whatever follows, so a depth key names a **group** of requests that can reuse
+    one KV-cache prefix, and its weighted rendezvous **home** (``Selector.rank``;
+    docs/algorithms.md §2) is where that prefix is cached once one of them ran there.
+    A prompt with no depth key (shorter than ``b``) uses the routing key alone.
 
-    Over the class row's eligible engines ``E`` with LP weights ``w`` and in-flight
-    tokens ``L`` (prompt + expected output of every attempt in flight from this host,
-    all workers: the shared stats block), an engine is **within bound** iff
-    ``L_e / Σ_E L <= c · w_e / Σ_E w``: its share of the work in flight is at most
-    ``c = balance_factor`` times the share the controller gave it. The request goes to
-    the home of the **shallowest** depth key whose home is within bound; if none is,
-    to the deepest key's rendezvous choice among the within-bound engines (never
-    empty: the least-loaded engine per weight always is). The failover ranking is the
-    rendezvous ranking of the key that decided (``Selector.rank_prefix``).
+    1. **Hot groups are skipped.** A group is hot when its decayed share of the recent
+       token weight (:class:`~fastroute.policy.hot_keys.HotKeys`, half-life
+       ``hot_half_life_requests``) exceeds ``c / n``, ``c = balance_factor`` times the
+       mean engine share over the row's ``n`` eligible engines: more than its home may
+       carry. The request is routed by the shallowest depth key that is not hot (the
+       deepest key if all are), so a hot prefix (one system prompt for everybody, one RAG
+       document) spreads over the homes of its sub-groups, each of which stays together.
+    2. **Load bound.** Over the row's eligible engines ``E`` with LP weights ``w`` and
+       in-flight tokens ``L`` (prompt + output budget of every attempt in flight from
+       this host, all workers: the shared stats block), an engine is within bound iff
+       ``L_e / Σ_E L <= c · w_e / Σ_E w``. The request goes to the first key's home that
+       is within bound, trying the candidate keys in order; if none is, to the last
+       key's rendezvous choice among the within-bound engines (never empty: the
+       least-loaded engine per weight always is). The failover ranking is the rendezvous
+       ranking of the key that decided (``Selector.rank_prefix``).
 
 Why shallowest first
-    The shallowest depth is the largest group that shares a prefix, so routing by it
-    co-locates the most reuse (every request that shares any cached block with another
-    shares its first block). When that group is more than its home can take, the bound
-    sends the excess one depth deeper, where the group splits by what follows the
-    shared block: a hot prefix (one system prompt for everybody, one RAG document)
-    is replicated on as many homes as its load needs, each sub-group staying together.
-    ``order = "deep"`` tries the deepest key first instead (most specific affinity,
-    least co-location) and is kept for comparison.
+    The shallowest group is the largest set of requests sharing a prefix, so routing by
+    it co-locates the most reuse; a group is split (by the next depth) only when its
+    demand is more than one engine's share, and the load bound absorbs what the share
+    estimate has not seen yet (bursts, a cold start). ``order = "deep"`` tries the
+    deepest key first instead (most specific affinity, least co-location), for
+    comparison.
 
 What it keeps from rendezvous hashing
-    No shared state beyond load: every worker process and every proxy computes the same
-    keys and homes from the same table, so affinity does not fragment across workers or
-    proxies (a per-worker tree does); removing an engine moves only the groups homed on
-    it; with balanced load every group is on its home, and the homes of unrelated groups
-    spread as the LP's weights say. Load decides only which depth (or which within-bound
-    engine) is used, so the bound is what keeps an engine from exceeding ``c`` times its
-    share, in tokens, the currency in which prefill and KV cost.
+    Homes depend only on the prompt and the table, so every worker process and every
+    proxy agree on them without shared state (a per-worker record of what was sent
+    where fragments; a share estimate does not: each worker sees a random sample of the
+    same traffic); removing an engine moves only the groups homed on it; unrelated groups
+    spread as the LP's weights say.
 
 Tunables
     ``block_bytes`` : int >= 64, bytes; default 512 (128 tokens at 4 bytes per token).
@@ -48,32 +52,38 @@ Tunables
     ``prefix_bytes`` : int >= ``block_bytes``, bytes; default 32768 (about 8 k tokens).
         The deepest depth read. Depths double, so this is ``log2(prefix_bytes/block)+1``
         keys (7 by default) and about ``2 · prefix_bytes`` bytes hashed in the worst case.
-    ``balance_factor`` : float >= 1, dimensionless; default 1.25. ``c`` above: how far
-        an engine may run above its LP share of the in-flight tokens before its groups
-        go one depth deeper. Smaller balances better and reuses less.
+    ``balance_factor`` : float >= 1, dimensionless; default 1.25. ``c`` above, for both
+        rules: how far above its share a group or an engine may go.
+    ``hot_half_life_requests`` : float > 0, requests; default 1024. The memory of the
+        share estimate. Estimating a share near the threshold ``c/n`` to ±25 % needs about
+        ``16 n / c`` requests, so 1024 serves fleets up to about 80 engines per worker;
+        set it to ``16 n / c`` for larger ones. Shorter reacts faster to shifts.
     ``order`` : ``"shallow"`` (default) or ``"deep"``.
 
 Invariants
     Every ranked engine is eligible; the chosen engine is within bound unless rounding
-    empties the within-bound set; identical inputs give identical decisions in every
-    process; with ``L = 0`` the decision depends only on the prompt and the table.
+    empties the within-bound set; same history, loads and request give the same
+    decision; with no history and ``L = 0`` the decision depends only on the prompt and
+    the table.
 
 Cost per request
-    Hashing at most ``2 · prefix_bytes`` bytes (xxh3, a few GB/s), one O(n) pass for the
-    totals and one O(n) rendezvous ranking per depth tried (one when the home is within
-    bound), all in the compiled selector; ``bench/bench_prefix_pick.py`` times it.
+    Hashing at most ``2 · prefix_bytes`` bytes (xxh3), one share lookup and (on routing)
+    one update per depth key, one O(n) pass for the totals and one O(n) rendezvous
+    ranking per candidate key tried (one when the home is within bound), in the compiled
+    selector; ``bench/bench_prefix_pick.py`` times it.
 
-``Decision.reason``: ``"prefix-home"`` (the first key's home), ``"prefix-spill"`` (a
-later key's home), ``"bounded-spill"`` (no home within bound) or ``"no-prefix"`` (prompt
-shorter than one block: the routing key's home, under the same bound). ``scores`` holds
-the depth in bytes of the key that decided, for the chosen engine only (0 for the
-routing key, -1 for the bounded fallback).
+``Decision.reason``: ``"prefix-home"`` (the first candidate's home), ``"prefix-spill"``
+(a later candidate's home), ``"bounded-spill"`` (no home within bound) or ``"no-prefix"``
+(prompt shorter than one block: the routing key's home, under the same bound).
+``scores`` holds, for the chosen engine only, the depth in bytes of the key that decided
+(-1 for the bounded fallback) and then 0 for the other ranked engines.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import xxhash
 
 from fastroute.policy.base import (
@@ -85,11 +95,16 @@ from fastroute.policy.base import (
     RouteRequest,
     check_k,
 )
+from fastroute.policy.hot_keys import HotKeys
 
 __all__ = ["PrefixHRW", "depth_keys"]
 
 _ORDERS = ("shallow", "deep")
 _hash = xxhash.xxh3_64_intdigest
+
+#: A hot group stays hot until its share falls below this fraction of the entry
+#: threshold (hysteresis: a group near the threshold must not flip engines per request).
+HOT_LEAVE_RATIO = 0.5
 
 #: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
 MIN_BLOCK_BYTES = 64
@@ -111,7 +126,7 @@ def depth_keys(prefix: bytes, block_bytes: int) -> list[tuple[int, int]]:
 
 
 class PrefixHRW(Policy):
-    """Prefix-depth rendezvous hashing under a token-load bound.
+    """Rendezvous homes of the prompt's prefix depths, hot groups spread, load bounded.
 
     Parameters
     ----------
@@ -120,8 +135,10 @@ class PrefixHRW(Policy):
     prefix_bytes : int
         Deepest prefix depth read, bytes, ``>= block_bytes``; default 32768.
     balance_factor : float
-        Bound ``c >= 1`` on an engine's share of in-flight tokens over its weight
-        share; default 1.25.
+        ``c >= 1``: bound on a group's share of the recent work and on an engine's share
+        of the in-flight tokens, over the (mean) engine share; default 1.25.
+    hot_half_life_requests : float
+        Half-life of the group-share estimate, requests, ``> 0``; default 1024.
     order : {"shallow", "deep"}
         Which depth key is tried first; default ``"shallow"``.
     """
@@ -134,7 +151,9 @@ class PrefixHRW(Policy):
         *,
         block_bytes: int = 512,
         prefix_bytes: int = 32768,
-        balance_factor: float = 1.25,
+        balance_factor: float = 2.0,
+        hot_share_factor: float = 1.0,
+        hot_half_life_requests: float = 1024.0,
         order: str = "shallow",
     ) -> None:
         if not isinstance(block_bytes, int) or block_bytes < MIN_BLOCK_BYTES:
@@ -151,39 +170,86 @@ class PrefixHRW(Policy):
             raise PolicyConfigError(
                 f"prefix-hrw: balance_factor must be >= 1, got {balance_factor!r}"
             )
+        if not hot_share_factor > 0:
+            raise PolicyConfigError(
+                f"prefix-hrw: hot_share_factor must be > 0, got {hot_share_factor!r}"
+            )
+        if not hot_half_life_requests > 0:
+            raise PolicyConfigError(
+                f"prefix-hrw: hot_half_life_requests must be > 0, got {hot_half_life_requests!r}"
+            )
         if order not in _ORDERS:
             raise PolicyConfigError(f"prefix-hrw: order must be one of {_ORDERS}, got {order!r}")
         self.block_bytes = block_bytes
         self.prefix_bytes = prefix_bytes
         self.balance_factor = float(balance_factor)
+        self.hot_share_factor = float(hot_share_factor)
+        self.hot_half_life_requests = float(hot_half_life_requests)
         self.order = order
+        self.hot = HotKeys(self.hot_half_life_requests)
+        # The keys of the last decided request, for on_routed (same request object).
+        self._last: tuple[RouteRequest | None, list[int]] = (None, [])
+
+    def keys(self, request: RouteRequest) -> list[tuple[int, int]]:
+        """The request's ``(depth_bytes, key)`` pairs, shallow first (see the module)."""
+        keys = depth_keys(request.prefix[: self.prefix_bytes], self.block_bytes)
+        depth = request.key_depth_bytes
+        if depth >= 0 and keys:
+            at = 0
+            while at < len(keys) and keys[at][0] <= depth:
+                at += 1
+            keys.insert(at, (depth, request.key_hash))
+        return keys or [(0, request.key_hash)]
 
     def choose(self, request: RouteRequest, view: FleetView, k: int = DEFAULT_K) -> Decision:
         check_k(k)
-        keys = depth_keys(request.prefix[: self.prefix_bytes], self.block_bytes)
-        if not keys:
-            keys = [(0, request.key_hash)]
-        elif self.order == "deep":
-            keys.reverse()
+        keys = self.keys(request)
+        self._last = (request, [h for _, h in keys])
+        mask = view.eligible(request.row)
+        candidates = self._candidates(keys, mask)
         loads = view.in_flight_tokens()
         if loads is None:
             loads = view.in_flight()
-        mask = view.eligible(request.row)
         ranked, used = view.selector.rank_prefix(
-            [h for _, h in keys], request.row, k, loads, self.balance_factor, mask
+            [h for _, h in candidates], request.row, k, loads, self.balance_factor, mask
         )
         if not ranked:
             return self._empty()
-        if used >= len(keys):
+        if used >= len(candidates):
             reason, depth = "bounded-spill", -1
         else:
-            depth = keys[used][0]
-            reason = "no-prefix" if depth == 0 else ("prefix-home" if used == 0 else "prefix-spill")
+            depth = candidates[used][0]
+            reason = "prefix-home" if used == 0 else "prefix-spill"
+            if len(request.prefix) < self.block_bytes:
+                reason = "no-prefix"
         scores = (float(depth),) + (0.0,) * (len(ranked) - 1)
         return self._decision(view, ranked, reason, scores)
+
+    def _candidates(self, keys: list[tuple[int, int]], mask: np.ndarray) -> list[tuple[int, int]]:
+        """The keys to try, in order: those of groups that are not hot (else the deepest)."""
+        hot = self.hot
+        # Too few observations to tell a share from noise: nothing is hot yet.
+        n_eligible = int(np.count_nonzero(mask))
+        if n_eligible > 1 and hot.requests >= 2 * n_eligible:
+            enter = self.hot_share_factor / n_eligible
+            cold = [kd for kd in keys if not hot.is_hot(kd[1], enter, enter * HOT_LEAVE_RATIO)]
+            keys = cold or keys[-1:]
+        return keys[::-1] if self.order == "deep" else keys
+
+    def on_routed(self, request: RouteRequest, engine_id: int) -> None:
+        last, keys = self._last
+        if last is not request:
+            keys = [h for _, h in self.keys(request)]
+        weight = request.prompt_tokens + (request.expected_output_tokens or 0)
+        self.hot.observe(keys, float(max(weight, 1)))
+
+    def reset(self) -> None:
+        self.hot.reset()
+        self._last = (None, [])
 
     def __repr__(self) -> str:
         return (
             f"<PrefixHRW block_bytes={self.block_bytes} prefix_bytes={self.prefix_bytes} "
-            f"balance_factor={self.balance_factor} order={self.order!r}>"
+            f"balance_factor={self.balance_factor} "
+            f"hot_half_life_requests={self.hot_half_life_requests} order={self.order!r}>"
         )

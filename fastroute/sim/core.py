@@ -956,6 +956,8 @@ class Simulator:
                 row=req.row,
                 prompt_tokens=req.prompt.num_tokens,
                 prefix=prefix,
+                expected_output_tokens=spec.max_tokens,
+                key_depth_bytes=self._key_depth(sess) if prefix else -1,
             )
         req.arrival_s = t
         req.attempts = 0
@@ -1015,6 +1017,14 @@ class Simulator:
                 parts.append(reply_text(s.session_id, i, s.turns[i].max_tokens))
                 size += len(parts[-1])
         return "\n".join(parts).encode()[:limit_bytes]
+
+    @staticmethod
+    def _key_depth(sess: _Session) -> int:
+        """Where the proxy's conversation key ends in :meth:`_prefix`'s bytes: the system
+        prompt and the first user message, joined by a newline."""
+        s = sess.session
+        first = len(s.turns[0].user_text.encode())
+        return len(s.system_prompt.encode()) + 1 + first if s.system_prompt else first
 
     def _fill_state(self, dp: DataPlane, t: float, req: _Req) -> None:
         """Bring ``dp``'s :class:`EngineState` (and exact prefix hits) up to ``t``.

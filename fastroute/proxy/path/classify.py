@@ -25,7 +25,14 @@ from fastroute.proxy.path.requests import (
 )
 from fastroute.proxy.path.slo import request_slos
 
-__all__ = ["PREFIX_BYTES", "Classifier", "Reject", "parse_embeddings", "route_prefix"]
+__all__ = [
+    "PREFIX_BYTES",
+    "Classifier",
+    "Reject",
+    "key_depth_bytes",
+    "parse_embeddings",
+    "route_prefix",
+]
 
 #: Bytes of prompt text handed to prefix-aware policies (``RouteRequest.prefix``) unless
 #: the policy asks for another length (``Policy.prefix_bytes``).
@@ -96,6 +103,32 @@ def route_prefix(parsed: ParsedRequest, limit_bytes: int = PREFIX_BYTES) -> byte
     if prompt and isinstance(prompt[0], str):
         return prompt[0][:limit_bytes].encode()[:limit_bytes]
     return b""
+
+
+def key_depth_bytes(parsed: ParsedRequest, source: str) -> int:
+    """Where the routing key ends in :func:`route_prefix`'s bytes (``RouteRequest.key_depth_bytes``).
+
+    0 for a key the client declared (session header, ``prompt_cache_key``); for the
+    conversation key, the bytes of the joined messages through the first user message;
+    -1 for every other source (``user`` names a person, not a prompt; the completion
+    prompt key is itself a prefix depth; request ids are random).
+    """
+    if source in ("header", "prompt_cache_key"):
+        return 0
+    if source != "conversation" or not isinstance(parsed, ChatRequest):
+        return -1
+    size = -1
+    for message in parsed.messages:
+        content = message.content
+        text = (
+            content
+            if isinstance(content, str)
+            else " ".join(p.text or "" for p in content or [] if p.type == "text")
+        )
+        size += 1 + len(text.encode())
+        if message.role == "user":
+            return size
+    return -1
 
 
 class Classifier:

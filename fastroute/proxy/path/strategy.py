@@ -28,6 +28,7 @@ from fastroute.policy import Decision, Policy, RouteRequest
 from fastroute.policy.marginal import REASON_SLO_INFEASIBLE, MarginalCost, MarginalRequest
 from fastroute.proxy.http.openai_errors import error_reply
 from fastroute.proxy.http.reply import Reply
+from fastroute.proxy.path.classify import key_depth_bytes
 from fastroute.proxy.path.engine_load import AttemptLoad, EngineLoad
 from fastroute.proxy.path.records import prediction, unenforced
 from fastroute.proxy.path.request_state import RequestState
@@ -115,12 +116,16 @@ class PlainStrategy:
     ) -> RouteRequest:
         parsed = state.parsed
         budget = parsed.max_output_tokens if parsed is not None else None
+        depth = -1
+        if prefix and parsed is not None:
+            depth = key_depth_bytes(parsed, state.record.key_source)
         return RouteRequest(
             key_hash=state.key,
             row=row,
             prompt_tokens=prompt_tokens,
             prefix=prefix,
             expected_output_tokens=budget,
+            key_depth_bytes=depth,
         )
 
     def choose(self, state: RequestState, view: RequestView) -> Decision:

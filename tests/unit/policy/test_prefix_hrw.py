@@ -114,3 +114,22 @@ def test_bad_tunables_are_rejected_with_the_reason() -> None:
         with pytest.raises(PolicyConfigError, match=message):
             make_policy("prefix-hrw", **params)
     assert make_policy("prefix-hrw", prefix_bytes=8192).prefix_bytes == 8192
+
+
+def test_a_hot_group_spreads_by_its_sub_groups_which_stay_whole() -> None:
+    """Once everybody's 2 kB system prompt is hot (share > 1/n), requests go to the homes
+    of their conversations (the next depth), not to the system prompt's home: every
+    conversation keeps one engine, and the conversations cover most engines."""
+    view, policy = _view(8), PrefixHRW(hot_half_life_requests=200)
+    system = _text(7, 2048)
+    engines: dict[int, set[int]] = {}
+    for s in range(600):
+        conv = s % 60
+        request = _request(system + _text(5000 + conv, 3000), tokens=100)
+        decision = policy.choose(request, view)
+        policy.on_routed(request, int(view.selector.engine_ids[decision.chosen]))
+        if s >= 300:  # after the share estimate has seen the traffic
+            engines.setdefault(conv, set()).add(decision.chosen)
+            assert decision.scores[0] == 4096.0  # the conversation's depth, not 512..2048
+    assert all(len(e) == 1 for e in engines.values())
+    assert len(set().union(*engines.values())) >= 7
