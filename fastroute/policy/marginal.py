@@ -139,6 +139,12 @@ from fastroute.policy.base import (
 from fastroute.policy.prefix_tree import PrefixTree
 from fastroute.predict.calibration import DEFAULT_TYPE, FleetCalibration
 from fastroute.predict.output_length import OutputLengthPredictor
+from fastroute.predict.reject_bound import (
+    DEFAULT_PROBE_RATE,
+    DEFAULT_REJECT_WINDOW,
+    RejectBound,
+    Verdict,
+)
 from fastroute.predict.step_time import StepTimeModel, chunk_sums
 
 __all__ = [
@@ -152,6 +158,7 @@ __all__ = [
     "PairDecision",
     "REASON_SLO_DEPRIORITISED",
     "REASON_SLO_INFEASIBLE",
+    "REASON_SLO_PROBE",
     "StateColumn",
     "StaticEngineStateView",
 ]
@@ -160,6 +167,9 @@ __all__ = [
 REASON_SLO_INFEASIBLE = "slo-infeasible"
 #: ``Decision.reason`` when no engine meets the SLO and ``infeasible="deprioritise"``.
 REASON_SLO_DEPRIORITISED = "slo-deprioritised"
+#: ``Decision.reason`` when no engine is predicted to meet the SLO but the request is
+#: admitted anyway (least MC): a probe, or a rejection the attainment bound forbids.
+REASON_SLO_PROBE = "slo-probe"
 
 
 class StateColumn(IntEnum):
@@ -511,6 +521,8 @@ class MarginalCost(Policy):
         rng: random.Random | None = None,
         calibration: FleetCalibration | None = None,
         output_lengths: OutputLengthPredictor | None = None,
+        probe_rate: float = DEFAULT_PROBE_RATE,
+        reject_window: int = DEFAULT_REJECT_WINDOW,
     ) -> None:
         if candidates < 1:
             raise PolicyConfigError(f"marginal-cost: candidates must be >= 1, got {candidates}")
@@ -550,6 +562,10 @@ class MarginalCost(Policy):
         self.max_tree_size = int(max_tree_size)
         self._seed = seed
         self.rng = rng if rng is not None else random.Random(seed)
+        try:
+            self.reject_bound = RejectBound(probe_rate, reject_window)
+        except ValueError as e:
+            raise PolicyConfigError(f"marginal-cost: {e}") from None
         self.output_lengths = output_lengths or OutputLengthPredictor()
         self.tree = PrefixTree(self.max_tree_size)
         # Step-time models by the views' type-name tuples (two pools may type differently).
@@ -579,8 +595,10 @@ class MarginalCost(Policy):
         head = evals[: self.candidates]
         feasible = [ev for ev in head if ev[_FEASIBLE]]
         reason = "marginal"
+        has_slo = slo_ttft is not None or slo_tpot is not None
+        judged = False  # the reject bound was asked (it counted this decision)
         if not feasible:
-            if slo_ttft is not None or slo_tpot is not None:
+            if has_slo:
                 spill = self._spill(
                     mask, cands, ids, n, n_out, cached, state, loads, slo_ttft, slo_tpot
                 )
@@ -589,13 +607,21 @@ class MarginalCost(Policy):
                     feasible = [spill]
                     reason = "slo-spill"
                 elif self.infeasible == "reject":
-                    best = min(head, key=_mc)
-                    return self._reject(view, best, n_out, slo_ttft, slo_tpot, len(evals))
+                    verdict, judged = self.reject_bound.verdict(), True
+                    if verdict is Verdict.REJECT:
+                        best = min(head, key=_mc)
+                        return self._reject(view, best, n_out, slo_ttft, slo_tpot, len(evals))
+                    if verdict is Verdict.PROBE:
+                        feasible, reason = head, REASON_SLO_PROBE
+                    else:
+                        feasible, reason = self._deprioritise(head, slo_ttft)
                 else:
                     feasible, reason = self._deprioritise(head, slo_ttft)
             else:
                 feasible = head
                 reason = "kv-full"
+        if has_slo and not judged:
+            self.reject_bound.admitted()
         chosen = min(feasible, key=_mc)
         if self.near_tie > 0 and len(feasible) > 1 and reason == "marginal":
             chosen, tied = self._near_tie(view, feasible, chosen)
@@ -684,12 +710,20 @@ class MarginalCost(Policy):
         feasible = [p for p in pairs if p[3]]
         reason = "marginal"
         has_slo = slo_ttft is not None or slo_tpot is not None
-        if not feasible and has_slo and self.infeasible == "deprioritise":
-            sink, reason = self._deprioritise([p[4] for p in pairs], slo_ttft)
-            if reason == REASON_SLO_DEPRIORITISED:
-                feasible = [p for p in pairs if p[4] is sink[0]]
-            else:
-                feasible = pairs
+        if not feasible and has_slo:
+            verdict = Verdict.ADMIT  # "deprioritise": route it anyway, behind the longest wait
+            if self.infeasible == "reject":
+                verdict = self.reject_bound.verdict()
+            if verdict is Verdict.PROBE:
+                feasible, reason = pairs, REASON_SLO_PROBE
+            elif verdict is Verdict.ADMIT:
+                sink, reason = self._deprioritise([p[4] for p in pairs], slo_ttft)
+                if reason == REASON_SLO_DEPRIORITISED:
+                    feasible = [p for p in pairs if p[4] is sink[0]]
+                else:
+                    feasible = pairs
+        elif has_slo:
+            self.reject_bound.admitted()
         if not feasible:
             best = min(pairs, key=lambda p: p[0])
             if slo_ttft is not None or slo_tpot is not None:
@@ -748,6 +782,21 @@ class MarginalCost(Policy):
         self.output_lengths.observe(
             output_tokens, now_s, tenant=getattr(request, "tenant", None), cls=request.row
         )
+
+    def observe_outcome(
+        self, request: RouteRequest, ttft_s: float | None, tpot_s: float | None
+    ) -> None:
+        """An admitted request finished with realised ``ttft_s`` and ``tpot_s`` (seconds;
+        ``None`` = not measured): whether it met its SLOs feeds the reject bound
+        (:class:`~fastroute.predict.reject_bound.RejectBound`). Requests without an SLO
+        are not counted."""
+        slo_ttft, slo_tpot = self._slos(request)
+        if slo_ttft is None and slo_tpot is None:
+            return
+        missed = (ttft_s is not None and slo_ttft is not None and ttft_s > slo_ttft) or (
+            tpot_s is not None and slo_tpot is not None and tpot_s > slo_tpot
+        )
+        self.reject_bound.observe(missed)
 
     def calibration_state(self) -> dict[str, Any]:
         """Calibration as plain data (coefficients, sample counts, errors) for /metrics."""
