@@ -43,8 +43,18 @@ Algorithm (docs/algorithms.md §6.4; "Calibrate, Then Route", arXiv 2609.16206)
     is feasible it is chosen (reason ``"slo-spill"``), else the decision has an empty
     ranking and reason ``"slo-infeasible"`` (:data:`REASON_SLO_INFEASIBLE`; the proxy
     answers 429 early instead of sending a doomed request) with the predictions in
-    ``detail``. Without an SLO an over-full KV cache only demotes: the least-MC
-    candidate is chosen (reason ``"kv-full"``).
+    ``detail`` — if the reject bound allows it (below). Without an SLO an over-full KV
+    cache only demotes: the least-MC candidate is chosen (reason ``"kv-full"``).
+
+Rejection checked against outcomes
+    A rejected request produces no sample, so a model that drifts pessimistic would reject
+    every request for ever. Before each rejection the policy asks its
+    :class:`~fastroute.predict.reject_bound.RejectBound` (``reject_bound``): every
+    ``round(1 / probe_rate)``-th predicted-infeasible request is a probe, and no rejection
+    may take the recent reject fraction above the recent admitted requests' measured miss
+    fraction. A request it admits is routed by least MC (reason ``"slo-probe"``,
+    :data:`REASON_SLO_PROBE`). The data plane reports realised latencies with
+    :meth:`MarginalCost.observe_outcome`.
 
 Scarcity guard (the paper's failure mode)
     Greedy argmin concentrates load when every candidate is nearly as expensive (the
@@ -94,6 +104,11 @@ Tunables
         partner) — it misses either way, and there it delays the fewest requests that can
         still meet theirs — or, if no candidate is that overloaded (the request is too big
         for its SLO anywhere), by least MC (reason ``"slo-miss-least-cost"``).
+    ``probe_rate`` : float in (0, 1]; default 0.05. Fraction of the predicted-infeasible
+        requests routed anyway (every 20th: a fully pessimistic model is probed within 20
+        such arrivals; a real overload admits 5 % of what the model would reject).
+    ``reject_window`` : int >= 1, requests; default 100. Decisions and admitted outcomes
+        the reject and miss fractions are measured over.
     ``engine_type`` : str; default ``"a40"``. Type of engines the view does not type.
     ``calibrate`` : bool; default True.
     ``bytes_per_token`` : float > 0; default 4.0 (English text, Llama-3 tokenizer).
@@ -367,7 +382,8 @@ class PairDecision(msgspec.Struct, frozen=True, gc=False):
         has no eligible engine).
     reason : str
         ``"marginal"``, ``"near-tie-p2c"``, ``"slo-spill"``, ``"kv-full"``,
-        ``"slo-infeasible"`` or ``"no-eligible-engine"``.
+        ``"slo-infeasible"``, ``"slo-probe"``, ``"slo-deprioritised"``,
+        ``"slo-miss-least-cost"`` or ``"no-eligible-engine"``.
     ttft_s, tpot_s, transfer_s, cost_s : float
         Predictions for the chosen pair: client TTFT (prefill + transfer + first decode
         step), TPOT, KV transfer time, marginal cost.
@@ -499,6 +515,10 @@ class MarginalCost(Policy):
         Shared calibration; a fresh one (``calibrate``, ``engine_type``) otherwise.
     output_lengths : OutputLengthPredictor or None
         Shared output-length predictor; a fresh one otherwise.
+    probe_rate : float
+        Fraction of predicted-infeasible requests routed anyway; 0.05.
+    reject_window : int
+        Requests the reject bound measures over; 100.
     """
 
     name: ClassVar[str] = "marginal-cost"
@@ -611,10 +631,7 @@ class MarginalCost(Policy):
                     if verdict is Verdict.REJECT:
                         best = min(head, key=_mc)
                         return self._reject(view, best, n_out, slo_ttft, slo_tpot, len(evals))
-                    if verdict is Verdict.PROBE:
-                        feasible, reason = head, REASON_SLO_PROBE
-                    else:
-                        feasible, reason = self._deprioritise(head, slo_ttft)
+                    feasible, reason = head, REASON_SLO_PROBE
                 else:
                     feasible, reason = self._deprioritise(head, slo_ttft)
             else:
@@ -710,18 +727,15 @@ class MarginalCost(Policy):
         feasible = [p for p in pairs if p[3]]
         reason = "marginal"
         has_slo = slo_ttft is not None or slo_tpot is not None
-        if not feasible and has_slo:
-            verdict = Verdict.ADMIT  # "deprioritise": route it anyway, behind the longest wait
-            if self.infeasible == "reject":
-                verdict = self.reject_bound.verdict()
-            if verdict is Verdict.PROBE:
-                feasible, reason = pairs, REASON_SLO_PROBE
-            elif verdict is Verdict.ADMIT:
-                sink, reason = self._deprioritise([p[4] for p in pairs], slo_ttft)
-                if reason == REASON_SLO_DEPRIORITISED:
-                    feasible = [p for p in pairs if p[4] is sink[0]]
-                else:
-                    feasible = pairs
+        if not feasible and has_slo and self.infeasible == "deprioritise":
+            sink, reason = self._deprioritise([p[4] for p in pairs], slo_ttft)
+            if reason == REASON_SLO_DEPRIORITISED:
+                feasible = [p for p in pairs if p[4] is sink[0]]
+            else:
+                feasible = pairs
+        elif not feasible and has_slo:
+            if self.reject_bound.verdict() is not Verdict.REJECT:
+                feasible, reason = pairs, REASON_SLO_PROBE  # admitted anyway: least cost
         elif has_slo:
             self.reject_bound.admitted()
         if not feasible:
