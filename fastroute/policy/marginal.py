@@ -49,7 +49,8 @@ Algorithm (docs/algorithms.md §6.4; "Calibrate, Then Route", arXiv 2609.16206)
 Rejection checked against outcomes
     A rejected request produces no sample, so a model that drifts pessimistic would reject
     every request for ever. Before each rejection the policy asks its
-    :class:`~fastroute.predict.reject_bound.RejectBound` (``reject_bound``): every
+    :class:`~fastroute.predict.reject_bound.RejectBound` (one per SLO,
+    :meth:`MarginalCost.reject_bound`): every
     ``round(1 / probe_rate)``-th predicted-infeasible request is a probe, and no rejection
     may take the recent reject fraction above the recent admitted requests' measured miss
     fraction. A request it admits is routed by least MC (reason ``"slo-probe"``,
@@ -182,6 +183,8 @@ __all__ = [
 REASON_SLO_INFEASIBLE = "slo-infeasible"
 #: ``Decision.reason`` when no engine meets the SLO and ``infeasible="deprioritise"``.
 REASON_SLO_DEPRIORITISED = "slo-deprioritised"
+#: Distinct SLOs (TTFT, TPOT pairs) whose reject bounds are kept (oldest forgotten first).
+MAX_REJECT_BOUNDS = 64
 #: ``Decision.reason`` when no engine is predicted to meet the SLO but the request is
 #: admitted anyway (least MC): a probe, or a rejection the attainment bound forbids.
 REASON_SLO_PROBE = "slo-probe"
@@ -583,9 +586,14 @@ class MarginalCost(Policy):
         self._seed = seed
         self.rng = rng if rng is not None else random.Random(seed)
         try:
-            self.reject_bound = RejectBound(probe_rate, reject_window)
+            RejectBound(probe_rate, reject_window)  # validates the tunables
         except ValueError as e:
             raise PolicyConfigError(f"marginal-cost: {e}") from None
+        self.probe_rate = float(probe_rate)
+        self.reject_window = int(reject_window)
+        # One reject bound per SLO: outcomes against one objective say nothing about
+        # whether another is feasible (a 1 ms TTFT is not, whatever a 2 s one measures).
+        self._reject_bounds: dict[tuple[float | None, float | None], RejectBound] = {}
         self.output_lengths = output_lengths or OutputLengthPredictor()
         self.tree = PrefixTree(self.max_tree_size)
         # Step-time models by the views' type-name tuples (two pools may type differently).
@@ -627,7 +635,8 @@ class MarginalCost(Policy):
                     feasible = [spill]
                     reason = "slo-spill"
                 elif self.infeasible == "reject":
-                    verdict, judged = self.reject_bound.verdict(), True
+                    verdict = self._bound(slo_ttft, slo_tpot).verdict()
+                    judged = True
                     if verdict is Verdict.REJECT:
                         best = min(head, key=_mc)
                         return self._reject(view, best, n_out, slo_ttft, slo_tpot, len(evals))
@@ -638,7 +647,7 @@ class MarginalCost(Policy):
                 feasible = head
                 reason = "kv-full"
         if has_slo and not judged:
-            self.reject_bound.admitted()
+            self._bound(slo_ttft, slo_tpot).admitted()
         chosen = min(feasible, key=_mc)
         if self.near_tie > 0 and len(feasible) > 1 and reason == "marginal":
             chosen, tied = self._near_tie(view, feasible, chosen)
@@ -734,10 +743,10 @@ class MarginalCost(Policy):
             else:
                 feasible = pairs
         elif not feasible and has_slo:
-            if self.reject_bound.verdict() is not Verdict.REJECT:
+            if self._bound(slo_ttft, slo_tpot).verdict() is not Verdict.REJECT:
                 feasible, reason = pairs, REASON_SLO_PROBE  # admitted anyway: least cost
         elif has_slo:
-            self.reject_bound.admitted()
+            self._bound(slo_ttft, slo_tpot).admitted()
         if not feasible:
             best = min(pairs, key=lambda p: p[0])
             if slo_ttft is not None or slo_tpot is not None:
@@ -810,7 +819,22 @@ class MarginalCost(Policy):
         missed = (ttft_s is not None and slo_ttft is not None and ttft_s > slo_ttft) or (
             tpot_s is not None and slo_tpot is not None and tpot_s > slo_tpot
         )
-        self.reject_bound.observe(missed)
+        self._bound(slo_ttft, slo_tpot).observe(missed)
+
+    def reject_bound(self, request: RouteRequest) -> RejectBound:
+        """The :class:`~fastroute.predict.reject_bound.RejectBound` of ``request``'s SLOs
+        (per-request, else the class defaults); requests with equal SLOs share one."""
+        return self._bound(*self._slos(request))
+
+    def _bound(self, slo_ttft: float | None, slo_tpot: float | None) -> RejectBound:
+        key = (slo_ttft, slo_tpot)
+        bound = self._reject_bounds.get(key)
+        if bound is None:
+            if len(self._reject_bounds) >= MAX_REJECT_BOUNDS:
+                # Header SLOs are free-form: forget the oldest objective's evidence.
+                del self._reject_bounds[next(iter(self._reject_bounds))]
+            bound = self._reject_bounds[key] = RejectBound(self.probe_rate, self.reject_window)
+        return bound
 
     def calibration_state(self) -> dict[str, Any]:
         """Calibration as plain data (coefficients, sample counts, errors) for /metrics."""

@@ -50,12 +50,12 @@ def test_a_pessimistic_model_does_not_lock_the_policy_out():
         else:
             assert d.ranked  # routed, by least cost (idle engines: no sink)
             policy.observe_outcome(request(i), ttft_s=0.0005, tpot_s=0.01)
-    assert policy.reject_bound.reject_fraction < 0.05 and rejected < 0.3 * RUN
+    assert policy.reject_bound(request(0)).reject_fraction < 0.05 and rejected < 0.3 * RUN
     for i in range(RUN):  # now the admitted requests miss: rejection is justified
         d = policy.choose(request(i), view, k=2)
         if d.reason != REASON_SLO_INFEASIBLE:
             policy.observe_outcome(request(i), ttft_s=0.5, tpot_s=0.01)
-    assert policy.reject_bound.reject_fraction > 0.5
+    assert policy.reject_bound(request(0)).reject_fraction > 0.5
 
 
 def test_a_pair_decision_is_bounded_too():
@@ -72,15 +72,31 @@ def test_a_pair_decision_is_bounded_too():
 def test_outcomes_of_requests_without_an_slo_are_not_counted():
     policy = make_policy("marginal-cost", seed=1)
     policy.observe_outcome(request(0), ttft_s=9.0, tpot_s=9.0)
-    assert policy.reject_bound.outcomes == 0
+    assert policy.reject_bound(request(0)).outcomes == 0
     per_request = MarginalRequest(key_hash=1, row=0, prompt_tokens=10, slo_tpot_s=0.05)
     policy.observe_outcome(per_request, ttft_s=9.0, tpot_s=0.01)  # TTFT has no SLO: met
     policy.observe_outcome(per_request, ttft_s=None, tpot_s=0.06)
-    assert policy.reject_bound.outcomes == 2
-    assert policy.reject_bound.miss_fraction == pytest.approx(2 / 4)
+    assert policy.reject_bound(request(0)).outcomes == 0
+    bound = policy.reject_bound(per_request)
+    assert bound.outcomes == 2 and bound.miss_fraction == pytest.approx(2 / 4)
 
 
 @pytest.mark.parametrize("params", [{"probe_rate": 0.0}, {"reject_window": 0}])
 def test_bad_bound_tunables(params):
     with pytest.raises(PolicyConfigError, match="probe_rate|window"):
         make_policy("marginal-cost", **params)
+
+
+def test_each_slo_has_its_own_bound():
+    """Outcomes against a 2 s TTFT say nothing about a 1 ms one: the healthy class's hits
+    do not stop the impossible objective's rejection."""
+    policy = make_policy("marginal-cost", seed=1)
+    view = idle(3)
+    easy = MarginalRequest(key_hash=1, row=0, prompt_tokens=100, slo_ttft_s=2.0)
+    impossible = MarginalRequest(key_hash=2, row=0, prompt_tokens=1500, slo_ttft_s=0.001)
+    for _ in range(50):
+        assert policy.choose(easy, view, k=2).ranked
+        policy.observe_outcome(easy, ttft_s=0.1, tpot_s=0.01)
+    assert policy.choose(impossible, view, k=2).reason == REASON_SLO_INFEASIBLE
+    assert policy.reject_bound(impossible).reject_fraction == 1.0
+    assert policy.reject_bound(easy).outcomes == 50

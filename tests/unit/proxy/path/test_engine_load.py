@@ -237,10 +237,10 @@ def test_a_stream_reports_its_realised_slo_outcome_to_the_reject_bound() -> None
     """TTFT (forward -> first token) and TPOT of a streamed answer against the request's
     SLOs; a P/D decode stage counts by its TPOT only; a request without SLO not at all."""
     _, policy, load = _load()
-    bound = policy.reject_bound
     slo = MarginalRequest(
         key_hash=1, row=0, prompt_tokens=100, prefix=b"x", slo_ttft_s=0.5, slo_tpot_s=0.05
     )
+    bound = policy.reject_bound(slo)
 
     def stream(route: MarginalRequest, first_s: float, gap_s: float, decode: bool) -> None:
         a = load.admit(0, route, 10.0, decode_stage=decode)
@@ -257,4 +257,4 @@ def test_a_stream_reports_its_realised_slo_outcome_to_the_reject_bound() -> None
     stream(slo, 5.0, 0.01, decode=True)  # a decode stage's TTFT is not the client's: met
     assert (bound.outcomes, bound.miss_fraction) == (4, pytest.approx(3 / 6))
     stream(ROUTE, 5.0, 0.2, decode=False)  # no SLO: not counted
-    assert bound.outcomes == 4
+    assert bound.outcomes == 4 and policy.reject_bound(ROUTE).outcomes == 0
