@@ -43,8 +43,19 @@ Algorithm (docs/algorithms.md §6.4; "Calibrate, Then Route", arXiv 2609.16206)
     is feasible it is chosen (reason ``"slo-spill"``), else the decision has an empty
     ranking and reason ``"slo-infeasible"`` (:data:`REASON_SLO_INFEASIBLE`; the proxy
     answers 429 early instead of sending a doomed request) with the predictions in
-    ``detail``. Without an SLO an over-full KV cache only demotes: the least-MC
-    candidate is chosen (reason ``"kv-full"``).
+    ``detail`` — if the reject bound allows it (below). Without an SLO an over-full KV
+    cache only demotes: the least-MC candidate is chosen (reason ``"kv-full"``).
+
+Rejection checked against outcomes
+    A rejected request produces no sample, so a model that drifts pessimistic would reject
+    every request for ever. Before each rejection the policy asks its
+    :class:`~fastroute.predict.reject_bound.RejectBound` (one per SLO,
+    :meth:`MarginalCost.reject_bound`): every
+    ``round(1 / probe_rate)``-th predicted-infeasible request is a probe, and no rejection
+    may take the recent reject fraction above the recent admitted requests' measured miss
+    fraction. A request it admits is routed by least MC (reason ``"slo-probe"``,
+    :data:`REASON_SLO_PROBE`). The data plane reports realised latencies with
+    :meth:`MarginalCost.observe_outcome`.
 
 Scarcity guard (the paper's failure mode)
     Greedy argmin concentrates load when every candidate is nearly as expensive (the
@@ -94,6 +105,11 @@ Tunables
         partner) — it misses either way, and there it delays the fewest requests that can
         still meet theirs — or, if no candidate is that overloaded (the request is too big
         for its SLO anywhere), by least MC (reason ``"slo-miss-least-cost"``).
+    ``probe_rate`` : float in (0, 1]; default 0.05. Fraction of the predicted-infeasible
+        requests routed anyway (every 20th: a fully pessimistic model is probed within 20
+        such arrivals; a real overload admits 5 % of what the model would reject).
+    ``reject_window`` : int >= 1, requests; default 100. Decisions and admitted outcomes
+        the reject and miss fractions are measured over.
     ``engine_type`` : str; default ``"a40"``. Type of engines the view does not type.
     ``calibrate`` : bool; default True.
     ``bytes_per_token`` : float > 0; default 4.0 (English text, Llama-3 tokenizer).
@@ -139,6 +155,12 @@ from fastroute.policy.base import (
 from fastroute.policy.prefix_tree import PrefixTree
 from fastroute.predict.calibration import DEFAULT_TYPE, FleetCalibration
 from fastroute.predict.output_length import OutputLengthPredictor
+from fastroute.predict.reject_bound import (
+    DEFAULT_PROBE_RATE,
+    DEFAULT_REJECT_WINDOW,
+    RejectBound,
+    Verdict,
+)
 from fastroute.predict.step_time import StepTimeModel, chunk_sums
 
 __all__ = [
@@ -152,6 +174,7 @@ __all__ = [
     "PairDecision",
     "REASON_SLO_DEPRIORITISED",
     "REASON_SLO_INFEASIBLE",
+    "REASON_SLO_PROBE",
     "StateColumn",
     "StaticEngineStateView",
 ]
@@ -160,6 +183,11 @@ __all__ = [
 REASON_SLO_INFEASIBLE = "slo-infeasible"
 #: ``Decision.reason`` when no engine meets the SLO and ``infeasible="deprioritise"``.
 REASON_SLO_DEPRIORITISED = "slo-deprioritised"
+#: Distinct SLOs (TTFT, TPOT pairs) whose reject bounds are kept (oldest forgotten first).
+MAX_REJECT_BOUNDS = 64
+#: ``Decision.reason`` when no engine is predicted to meet the SLO but the request is
+#: admitted anyway (least MC): a probe, or a rejection the attainment bound forbids.
+REASON_SLO_PROBE = "slo-probe"
 
 
 class StateColumn(IntEnum):
@@ -363,7 +391,8 @@ class PairDecision(msgspec.Struct, frozen=True, gc=False):
         has no eligible engine).
     reason : str
         ``"marginal"``, ``"near-tie-p2c"``, ``"slo-spill"``, ``"kv-full"``,
-        ``"slo-infeasible"`` or ``"no-eligible-engine"``.
+        ``"slo-infeasible"``, ``"slo-probe"``, ``"slo-deprioritised"``,
+        ``"slo-miss-least-cost"`` or ``"no-eligible-engine"``.
     ttft_s, tpot_s, transfer_s, cost_s : float
         Predictions for the chosen pair: client TTFT (prefill + transfer + first decode
         step), TPOT, KV transfer time, marginal cost.
@@ -495,6 +524,10 @@ class MarginalCost(Policy):
         Shared calibration; a fresh one (``calibrate``, ``engine_type``) otherwise.
     output_lengths : OutputLengthPredictor or None
         Shared output-length predictor; a fresh one otherwise.
+    probe_rate : float
+        Fraction of predicted-infeasible requests routed anyway; 0.05.
+    reject_window : int
+        Requests the reject bound measures over; 100.
     """
 
     name: ClassVar[str] = "marginal-cost"
@@ -517,6 +550,8 @@ class MarginalCost(Policy):
         rng: random.Random | None = None,
         calibration: FleetCalibration | None = None,
         output_lengths: OutputLengthPredictor | None = None,
+        probe_rate: float = DEFAULT_PROBE_RATE,
+        reject_window: int = DEFAULT_REJECT_WINDOW,
     ) -> None:
         if candidates < 1:
             raise PolicyConfigError(f"marginal-cost: candidates must be >= 1, got {candidates}")
@@ -556,6 +591,15 @@ class MarginalCost(Policy):
         self.max_tree_size = int(max_tree_size)
         self._seed = seed
         self.rng = rng if rng is not None else random.Random(seed)
+        try:
+            RejectBound(probe_rate, reject_window)  # validates the tunables
+        except ValueError as e:
+            raise PolicyConfigError(f"marginal-cost: {e}") from None
+        self.probe_rate = float(probe_rate)
+        self.reject_window = int(reject_window)
+        # One reject bound per SLO: outcomes against one objective say nothing about
+        # whether another is feasible (a 1 ms TTFT is not, whatever a 2 s one measures).
+        self._reject_bounds: dict[tuple[float | None, float | None], RejectBound] = {}
         self.output_lengths = output_lengths or OutputLengthPredictor()
         self.tree = PrefixTree(self.max_tree_size)
         # Step-time models by the views' type-name tuples (two pools may type differently).
@@ -585,8 +629,10 @@ class MarginalCost(Policy):
         head = evals[: self.candidates]
         feasible = [ev for ev in head if ev[_FEASIBLE]]
         reason = "marginal"
+        has_slo = slo_ttft is not None or slo_tpot is not None
+        judged = False  # the reject bound was asked (it counted this decision)
         if not feasible:
-            if slo_ttft is not None or slo_tpot is not None:
+            if has_slo:
                 spill = self._spill(
                     mask, cands, ids, n, n_out, cached, state, loads, slo_ttft, slo_tpot
                 )
@@ -595,13 +641,19 @@ class MarginalCost(Policy):
                     feasible = [spill]
                     reason = "slo-spill"
                 elif self.infeasible == "reject":
-                    best = min(head, key=_mc)
-                    return self._reject(view, best, n_out, slo_ttft, slo_tpot, len(evals))
+                    verdict = self._bound(slo_ttft, slo_tpot).verdict()
+                    judged = True
+                    if verdict is Verdict.REJECT:
+                        best = min(head, key=_mc)
+                        return self._reject(view, best, n_out, slo_ttft, slo_tpot, len(evals))
+                    feasible, reason = head, REASON_SLO_PROBE
                 else:
                     feasible, reason = self._deprioritise(head, slo_ttft)
             else:
                 feasible = head
                 reason = "kv-full"
+        if has_slo and not judged:
+            self._bound(slo_ttft, slo_tpot).admitted()
         chosen = min(feasible, key=_mc)
         if self.near_tie > 0 and len(feasible) > 1 and reason == "marginal":
             chosen, tied = self._near_tie(view, feasible, chosen)
@@ -696,6 +748,11 @@ class MarginalCost(Policy):
                 feasible = [p for p in pairs if p[4] is sink[0]]
             else:
                 feasible = pairs
+        elif not feasible and has_slo:
+            if self._bound(slo_ttft, slo_tpot).verdict() is not Verdict.REJECT:
+                feasible, reason = pairs, REASON_SLO_PROBE  # admitted anyway: least cost
+        elif has_slo:
+            self._bound(slo_ttft, slo_tpot).admitted()
         if not feasible:
             best = min(pairs, key=lambda p: p[0])
             if slo_ttft is not None or slo_tpot is not None:
@@ -754,6 +811,36 @@ class MarginalCost(Policy):
         self.output_lengths.observe(
             output_tokens, now_s, tenant=getattr(request, "tenant", None), cls=request.row
         )
+
+    def observe_outcome(
+        self, request: RouteRequest, ttft_s: float | None, tpot_s: float | None
+    ) -> None:
+        """An admitted request finished with realised ``ttft_s`` and ``tpot_s`` (seconds;
+        ``None`` = not measured): whether it met its SLOs feeds the reject bound
+        (:class:`~fastroute.predict.reject_bound.RejectBound`). Requests without an SLO
+        are not counted."""
+        slo_ttft, slo_tpot = self._slos(request)
+        if slo_ttft is None and slo_tpot is None:
+            return
+        missed = (ttft_s is not None and slo_ttft is not None and ttft_s > slo_ttft) or (
+            tpot_s is not None and slo_tpot is not None and tpot_s > slo_tpot
+        )
+        self._bound(slo_ttft, slo_tpot).observe(missed)
+
+    def reject_bound(self, request: RouteRequest) -> RejectBound:
+        """The :class:`~fastroute.predict.reject_bound.RejectBound` of ``request``'s SLOs
+        (per-request, else the class defaults); requests with equal SLOs share one."""
+        return self._bound(*self._slos(request))
+
+    def _bound(self, slo_ttft: float | None, slo_tpot: float | None) -> RejectBound:
+        key = (slo_ttft, slo_tpot)
+        bound = self._reject_bounds.get(key)
+        if bound is None:
+            if len(self._reject_bounds) >= MAX_REJECT_BOUNDS:
+                # Header SLOs are free-form: forget the oldest objective's evidence.
+                del self._reject_bounds[next(iter(self._reject_bounds))]
+            bound = self._reject_bounds[key] = RejectBound(self.probe_rate, self.reject_window)
+        return bound
 
     def calibration_state(self) -> dict[str, Any]:
         """Calibration as plain data (coefficients, sample counts, errors) for /metrics."""

@@ -8,7 +8,9 @@
   per-engine residuals;
 * :mod:`~fastroute.predict.calibration` — a fleet's models by type, the KV-transfer
   model, export/import as plain data;
-* :mod:`~fastroute.predict.output_length` — output-length histograms with back-off.
+* :mod:`~fastroute.predict.output_length` — output-length histograms with back-off;
+* :mod:`~fastroute.predict.reject_bound` — early rejection bounded by realised SLO
+  attainment, with probes (:class:`RejectBound`).
 
 Nothing here reads a clock or does I/O; time is passed in (``now_s``).
 """
@@ -22,6 +24,7 @@ from fastroute.predict.calibration import (
 )
 from fastroute.predict.conformal import ConformalBound
 from fastroute.predict.output_length import OutputLengthPredictor
+from fastroute.predict.reject_bound import RejectBound
 from fastroute.predict.rls import RobustRLS
 from fastroute.predict.step_time import (
     COEF_NAMES,
@@ -44,6 +47,7 @@ __all__ = [
     "KVTransferModel",
     "NominalStepTimes",
     "OutputLengthPredictor",
+    "RejectBound",
     "RobustRLS",
     "StepModelState",
     "StepTimeModel",

@@ -1182,6 +1182,8 @@ class Simulator:
             rec.output_tokens = out
             if dp.calibration is not None:
                 self._calibrate_from(att, t, first + back_j)
+                tbot = (t - req.arrival_s - ttft) / (out - 1) if out > 1 else None
+                dp.policy.observe_outcome(req.route, ttft, tbot)  # the reject bound's input
             mreq = att.mreq
             if mreq is not None:
                 rec.cached_tokens = mreq.num_cached_tokens if att.decode_engine < 0 else -1

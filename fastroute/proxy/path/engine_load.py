@@ -354,6 +354,7 @@ class EngineLoad:
         batch, context = int(a.batch0), int(a.context0)
         if a.first_s == a.first_s:  # streamed: TTFT and TBOT
             ttft = a.first_s - a.started_s
+            self._outcome(a, out)
             if ttft > 0 and not a.decode_stage:
                 cal.observe_prefill(
                     t, eid, n - c, c, ttft,
@@ -378,3 +379,13 @@ class EngineLoad:
             self.observed += 1
         if out > 1 or a.first_s == a.first_s:
             self.policy.observe_output(a.route, max(1, out), now_s)
+
+    def _outcome(self, a: AttemptLoad, out: int) -> None:
+        """A streamed attempt's realised TTFT and TPOT, for the policy's reject bound. A
+        P/D decode stage's TTFT (KV transfer + first step) is not the client's: only its
+        TPOT counts; the prefill stage (one token) reports nothing."""
+        steps = out - 1
+        tpot = (a.last_s - a.first_s) / steps if a.events > 1 and steps > 0 else None
+        ttft = None if a.decode_stage else a.first_s - a.started_s
+        if ttft is not None or tpot is not None:
+            self.policy.observe_outcome(a.route, ttft, tpot)

@@ -213,6 +213,7 @@ class MarginalStrategy(PlainStrategy):
         if decision.reason == REASON_SLO_INFEASIBLE and not self.load.calibrated():
             # Not calibrated yet: a reject would rest on nominal constants, and would
             # never let them calibrate. Route best-effort, without the SLO.
+            self.load.policy.reject_bound(state.route).withdraw()
             state.unenforced = decision
             state.route = msgspec.structs.replace(state.route, slo_ttft_s=None, slo_tpot_s=None)
             decision = self.choose(state, view)
@@ -308,6 +309,7 @@ class MarginalPairStrategy(PairStrategy):
         if p_dec.reason == REASON_SLO_INFEASIBLE and not (
             p_load.calibrated(("prefill",)) and d_load.calibrated(("decode",))
         ):
+            p_load.policy.reject_bound(p_route).withdraw()
             state.unenforced = p_dec  # not calibrated yet: best-effort (MarginalStrategy)
             p_route = msgspec.structs.replace(p_route, slo_ttft_s=None, slo_tpot_s=None)
             d_route = msgspec.structs.replace(d_route, slo_ttft_s=None, slo_tpot_s=None)

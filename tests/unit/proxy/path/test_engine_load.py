@@ -258,3 +258,30 @@ def test_prompts_prefilled_during_a_decode_are_its_mixed_step_feature() -> None:
     assert load.interleave.uncached_share[0] < 1.0  # later prompts count 88/120 of theirs
     for attempt in (queued, other, elsewhere, pd):
         load.release(attempt, False, 10.07)
+
+
+def test_a_stream_reports_its_realised_slo_outcome_to_the_reject_bound() -> None:
+    """TTFT (forward -> first token) and TPOT of a streamed answer against the request's
+    SLOs; a P/D decode stage counts by its TPOT only; a request without SLO not at all."""
+    _, policy, load = _load()
+    slo = MarginalRequest(
+        key_hash=1, row=0, prompt_tokens=100, prefix=b"x", slo_ttft_s=0.5, slo_tpot_s=0.05
+    )
+    bound = policy.reject_bound(slo)
+
+    def stream(route: MarginalRequest, first_s: float, gap_s: float, decode: bool) -> None:
+        a = load.admit(0, route, 10.0, decode_stage=decode)
+        a.first_token(10.0 + first_s)
+        for i, token in enumerate("abc"):
+            _relay(a, _stream_chunk(token, role=i == 0), 10.0 + first_s + i * gap_s)
+        load.release(a, True, 10.0 + first_s + 3 * gap_s)
+
+    stream(slo, 0.2, 0.01, decode=False)  # met
+    assert (bound.outcomes, bound.miss_fraction) == (1, pytest.approx(1 / 3))
+    stream(slo, 0.9, 0.01, decode=False)  # TTFT missed
+    stream(slo, 0.2, 0.2, decode=False)  # TPOT missed
+    assert (bound.outcomes, bound.miss_fraction) == (3, pytest.approx(3 / 5))
+    stream(slo, 5.0, 0.01, decode=True)  # a decode stage's TTFT is not the client's: met
+    assert (bound.outcomes, bound.miss_fraction) == (4, pytest.approx(3 / 6))
+    stream(ROUTE, 5.0, 0.2, decode=False)  # no SLO: not counted
+    assert bound.outcomes == 4 and policy.reject_bound(ROUTE).outcomes == 0

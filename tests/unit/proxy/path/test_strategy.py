@@ -77,6 +77,9 @@ def test_marginal_routes_an_infeasible_request_without_its_slo_until_calibrated(
     prediction = state.record.prediction
     assert prediction is not None and "slo_unenforced" in prediction
     assert prediction["calibration_samples"] == {"h100": {"prefill": 0, "decode": 0}}
+    # The rejection the first look recorded was not carried out: the bound forgets it.
+    asked = msgspec.structs.replace(state.route, slo_ttft_s=1e-9)
+    assert ctx.policies["marginal-cost"].reject_bound(asked).reject_fraction == 0.0
 
 
 def test_marginal_refuses_an_infeasible_request_once_calibrated() -> None:
@@ -85,6 +88,7 @@ def test_marginal_refuses_an_infeasible_request_once_calibrated() -> None:
     state = _state(ctx, slo_ttft_s=1e-9)
     strategy, decision = _decide(ctx, state, "marginal-cost")
     assert decision.reason == REASON_SLO_INFEASIBLE and state.unenforced is None
+    assert ctx.policies["marginal-cost"].reject_bound(state.route).reject_fraction == 1.0
     reply = strategy.record(state, decision)
     assert reply is not None and reply.status == 429
     assert msgspec.json.decode(reply.body)["error"]["code"] == "slo_infeasible"
