@@ -106,7 +106,7 @@ def route_prefix(parsed: ParsedRequest, limit_bytes: int = PREFIX_BYTES) -> byte
 
 
 def key_depth_bytes(parsed: ParsedRequest, source: str) -> int:
-    """Where the routing key ends in :func:`route_prefix`'s bytes (``RouteRequest.key_depth_bytes``).
+    """Where the routing key ends in :func:`route_prefix`'s bytes (``key_depth_bytes``).
 
     0 for a key the client declared (session header, ``prompt_cache_key``); for the
     conversation key, the bytes of the joined messages through the first user message;

@@ -32,7 +32,7 @@ def test_a_group_near_the_threshold_does_not_flip() -> None:
     for i in range(100):
         hot.observe([1] if i % 5 == 0 else [1000 + i], 1.0)  # key 1 at share 0.2
     assert not hot.is_hot(1, 0.25, 0.125)
-    for i in range(40):
+    for _ in range(40):
         hot.observe([1], 1.0)  # share (20 + 40) / 140 = 0.43
     assert hot.is_hot(1, 0.25, 0.125)
     for i in range(200):
