@@ -100,11 +100,17 @@ from fastroute.policy.hot_keys import HotKeys
 __all__ = ["PrefixHRW", "depth_keys"]
 
 _ORDERS = ("shallow", "deep")
+_ALL = 1 << 30
 _hash = xxhash.xxh3_64_intdigest
 
 #: A hot group stays hot until its share falls below this fraction of the entry
 #: threshold (hysteresis: a group near the threshold must not flip engines per request).
 HOT_LEAVE_RATIO = 0.5
+
+#: Candidate keys tried against the load bound: the first group that is not hot and
+#: its first sub-group that is not hot; past them the bounded fallback decides. More
+#: candidates cost one O(n) ranking each and rarely change the pick.
+MAX_CANDIDATES = 2
 
 #: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
 MIN_BLOCK_BYTES = 64
@@ -114,7 +120,8 @@ def depth_keys(prefix: bytes, block_bytes: int) -> list[tuple[int, int]]:
     """``(depth_bytes, xxh3_64(prefix[:depth_bytes]))`` for doubling depths, shallow first.
 
     Depths are ``block_bytes · 2^j`` for ``j >= 0`` while at most ``len(prefix)``; empty
-    when the prefix is shorter than one block.
+    when the prefix is shorter than one block. (Unseeded xxh3 of each whole prefix: a
+    seeded xxh3 derives a secret per call, which costs more than the extra bytes.)
     """
     keys = []
     depth = block_bytes
@@ -189,6 +196,7 @@ class PrefixHRW(Policy):
         self.hot = HotKeys(self.hot_half_life_requests)
         # The keys of the last decided request, for on_routed (same request object).
         self._last: tuple[RouteRequest | None, list[int]] = (None, [])
+        self._observe_upto = _ALL
 
     def keys(self, request: RouteRequest) -> list[tuple[int, int]]:
         """The request's ``(depth_bytes, key)`` pairs, shallow first (see the module)."""
@@ -207,6 +215,10 @@ class PrefixHRW(Policy):
         self._last = (request, [h for _, h in keys])
         mask = view.eligible(request.row)
         candidates = self._candidates(keys, mask)
+        # Observe through the deepest candidate's next depth (see on_routed).
+        self._observe_upto = (
+            keys.index(candidates[-1]) + 1 if self.order == "shallow" else len(keys)
+        )
         loads = view.in_flight_tokens()
         if loads is None:
             loads = view.in_flight()
@@ -230,22 +242,34 @@ class PrefixHRW(Policy):
         hot = self.hot
         # Too few observations to tell a share from noise: nothing is hot yet.
         n_eligible = int(np.count_nonzero(mask))
+        if self.order == "deep":
+            keys = keys[::-1]
         if n_eligible > 1 and hot.requests >= 2 * n_eligible:
             enter = self.hot_share_factor / n_eligible
-            cold = [kd for kd in keys if not hot.is_hot(kd[1], enter, enter * HOT_LEAVE_RATIO)]
-            keys = cold or keys[-1:]
-        return keys[::-1] if self.order == "deep" else keys
+            leave = enter * HOT_LEAVE_RATIO
+            cold = []
+            for kd in keys:
+                if not hot.is_hot(kd[1], enter, leave):
+                    cold.append(kd)
+                    if len(cold) == MAX_CANDIDATES:
+                        break
+            return cold or keys[-1:]
+        return keys[:MAX_CANDIDATES]
 
     def on_routed(self, request: RouteRequest, engine_id: int) -> None:
         last, keys = self._last
+        upto = self._observe_upto
         if last is not request:
-            keys = [h for _, h in self.keys(request)]
+            keys, upto = [h for _, h in self.keys(request)], _ALL
         weight = request.prompt_tokens + (request.expected_output_tokens or 0)
-        self.hot.observe(keys, float(max(weight, 1)))
+        # Shares matter down to the first group that is not hot and its sub-group:
+        # deeper keys start counting when their parent becomes hot.
+        self.hot.observe(keys[: upto + 1], float(max(weight, 1)))
 
     def reset(self) -> None:
         self.hot.reset()
         self._last = (None, [])
+        self._observe_upto = _ALL
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,109 @@
+"""Decision cost of ``prefix-hrw`` (the default policy) against ``weighted-hrw``.
+
+One ``choose`` per call, including the prefix hashing of a 16 kB prompt and the policy's
+share-estimate update (``on_routed``), over a fleet of 100 and 10,000 equal engines with
+random in-flight token loads. Three prompt shapes:
+
+``unique``     nothing shared: the first depth key decides;
+``hot``        a 2 kB system prompt shared by every request, then one of 64
+               conversations: the hot depths are skipped, the conversation decides;
+``hot-overload``  as ``hot`` with every conversation's home over its load bound, so
+               every candidate is ranked and the bounded fallback decides (worst case).
+
+Run::
+
+    .venv/bin/python bench/bench_prefix_pick.py [--engines 100 10000] [--calls 2000]
+
+Reports the minimum and median over rounds of the mean µs per call (scheduling noise
+only adds time, so the minimum is the cost; the median shows the noise), and the ratio
+to ``weighted-hrw``'s ``choose`` measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from fastroute.hashing import engine_id
+from fastroute.policy import RouteRequest, StaticFleetView, make_policy
+
+PROMPT_BYTES = 16 * 1024
+
+
+def _view(n: int, rng: np.random.Generator) -> StaticFleetView:
+    view = StaticFleetView([engine_id(f"e{i}") for i in range(n)], np.ones((1, n)))
+    view.token_loads[:] = rng.integers(1000, 5000, size=n)
+    view.loads[:] = rng.integers(1, 10, size=n)
+    return view
+
+
+def _requests(shape: str, count: int, rng: np.random.Generator) -> list[RouteRequest]:
+    system = bytes(rng.integers(97, 123, size=2048, dtype=np.uint8))
+    out = []
+    for i in range(count):
+        if shape == "unique":
+            body = bytes(rng.integers(97, 123, size=PROMPT_BYTES, dtype=np.uint8))
+        else:
+            conv = np.random.default_rng(i % 64).integers(97, 123, size=PROMPT_BYTES - 2048)
+            body = system + bytes(conv.astype(np.uint8))
+        out.append(
+            RouteRequest(
+                key_hash=int(rng.integers(0, 2**63)),
+                row=0,
+                prompt_tokens=PROMPT_BYTES // 4,
+                prefix=body,
+                expected_output_tokens=200,
+            )
+        )
+    return out
+
+
+def _time(policy, view, requests, rounds: int) -> list[float]:
+    ids = [int(x) for x in view.selector.engine_ids]
+    means = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for request in requests:
+            decision = policy.choose(request, view)
+            policy.on_routed(request, ids[decision.ranked[0]])
+        means.append((time.perf_counter() - t0) / len(requests) * 1e6)
+    return means
+
+
+def _overload(view: StaticFleetView, policy, requests) -> None:
+    """Put every candidate home of the requests over its bound."""
+    for request in requests[:256]:
+        for _, key in policy.keys(request):
+            view.token_loads[view.selector.pick(key, 0)] = 10**9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", type=int, nargs="+", default=[100, 10000])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    print("| engines | prompts | prefix-hrw min / median µs | weighted-hrw min µs | ratio (min) |")
+    print("|---|---|---|---|---|")
+    for n in args.engines:
+        for shape in ("unique", "hot", "hot-overload"):
+            rng = np.random.default_rng(1)
+            view = _view(n, rng)
+            requests = _requests("unique" if shape == "unique" else "hot", args.calls, rng)
+            policy = make_policy("prefix-hrw")
+            _time(policy, view, requests, 1)  # warm the share estimate: hot groups known
+            if shape == "hot-overload":
+                _overload(view, policy, requests)
+            ours = _time(policy, view, requests, args.rounds)
+            base = _time(make_policy("weighted-hrw"), view, requests, args.rounds)
+            print(
+                f"| {n} | {shape} | {min(ours):.1f} / {statistics.median(ours):.1f} | "
+                f"{min(base):.1f} | {min(ours) / min(base):.1f}× |"
+            )
+
+
+if __name__ == "__main__":
+    main()
