@@ -255,7 +255,7 @@ def load_spec(path: str | Path) -> BenchSpec:
         raise BenchSpecError(f"{path}: {exc}") from None
     given = [spec.workload is not None, spec.replay is not None, spec.family is not None]
     if sum(given) != 1:
-        raise BenchSpecError(f"{path}: give exactly one of [workload], [replay] and [family]")
+        raise BenchSpecError(f"{path}: give exactly one of [workload] and [replay] (or [family])")
     if spec.replay is not None:
         _check_replay(path, spec, spec.replay)
     elif spec.family is not None:
