@@ -70,3 +70,20 @@ def test_family_spec_errors_name_the_problem(tmp_path, old, new, message):
     with pytest.raises(BenchSpecError, match=message):
         base = "mooncake-70.toml" if "jsonl" in old else "rag-70.toml"
         load_spec(_write(tmp_path, base, **{old: new}))
+
+
+def test_bench_capacity_of_a_family_is_the_simulators_saturation_capacity():
+    from fastroute.emulator.model import EngineConfig
+    from fastroute.fleetbench.families import saturation_capacity
+    from fastroute.hardware import get_profile
+    from fastroute.sim.capacity import request_shapes, saturation_capacity_rps
+
+    spec = load_spec(SPECS / "hot-prompt-70.toml")
+    profile = spec.fleet.groups[0].profile
+    sample = family_sessions(spec.family, duration_s=90.0, sources=("local",), seed=spec.seed)
+    shapes = request_shapes(sample, 384, seed=spec.seed)
+    sim = saturation_capacity_rps(get_profile(profile), EngineConfig(), shapes)
+    assert saturation_capacity(spec, profile) == pytest.approx(sim, rel=1e-9)
+    assert saturation_capacity(spec, profile) == pytest.approx(
+        spec.fleet.groups[0].capacity_rps, abs=0.01
+    )
