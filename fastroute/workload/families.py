@@ -145,7 +145,10 @@ class PrefixTree(FamilyBase, tag="prefix-tree"):
     Without it, requests walk a synthetic tree: a root block among ``roots``, then at
     each level one of ``branching`` children, ``depth_blocks`` levels deep (roots and
     children Zipf-popular with exponent ``zipf_s``), then ``tail_tokens`` of unique text.
-    Two requests whose walks agree on ``k`` levels share exactly ``k`` blocks.
+    Two requests whose walks agree on ``k`` levels share exactly ``k`` blocks. The
+    defaults give about the reuse of the whole Mooncake release (≈ 50 % of blocks
+    already seen as a prefix over 1000 requests; the trace itself: 53 % over its 3 321
+    rows that fit 32 k, 11 % within its first 1000 rows) at a mean prompt of ~11 k tokens.
 
     Attributes
     ----------
@@ -166,9 +169,9 @@ class PrefixTree(FamilyBase, tag="prefix-tree"):
     """
 
     trace: str = ""
-    roots: int = 16
-    branching: int = 4
-    zipf_s: float = 1.0
+    roots: int = 8
+    branching: int = 2
+    zipf_s: float = 2.0
     depth_blocks: LogNormal = LogNormal(median=16.0, sigma=0.7, min=1, max=60)
     tail_tokens: LogNormal = LogNormal(median=800.0, sigma=1.0, min=16, max=4096)
     block_tokens: int = BLOCK_TOKENS
