@@ -141,6 +141,17 @@ def _capacity(spec: object, attainment: float) -> int:
     from fastroute.workload import ChatWorkload
 
     assert isinstance(spec, BenchSpec)
+    if spec.family is not None:
+        from fastroute.fleetbench.families import saturation_capacity
+
+        for profile in dict.fromkeys(g.profile for g in spec.fleet.groups):
+            rps = saturation_capacity(spec, profile)
+            declared = sorted({g.capacity_rps for g in spec.fleet.groups if g.profile == profile})
+            print(
+                f"{profile}: {rps:.2f} req/s saturation capacity without prefix reuse (the "
+                f"simulator's target_load unit; spec declares capacity_rps {declared})"
+            )
+        return 0
     if spec.workload is None:
         print("fastroute bench capacity: the spec has no [workload] (a [replay] spec states "
               "its rate; see docs/fleet-benchmark.md)", file=sys.stderr)  # fmt: skip

@@ -87,6 +87,12 @@ def markdown_report(
         mode = f"trace replay ({describe_mix(spec)}), {rate}"
         if spec.load is not None:
             mode += f" ({spec.load:g} × nominal capacity)"
+    elif spec.family is not None:
+        from fastroute.fleetbench.families import describe_family
+
+        mode = f"family {describe_family(spec)}, open loop at {target_rps(spec):.2f} req/s mean"
+        if spec.load is not None:
+            mode += f" ({spec.load:g} × nominal capacity)"
     elif spec.load is not None:
         mode = (
             f"open loop at {spec.load:g} × nominal capacity "

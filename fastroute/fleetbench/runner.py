@@ -96,8 +96,23 @@ def build_workload(spec: BenchSpec) -> Any:
 def build_sessions(spec: BenchSpec) -> tuple[list[Any], list[str], str]:
     """The spec's sessions (identical for every router), their sources and a description.
 
-    From ``[replay]`` (:mod:`fastroute.fleetbench.replay`) or ``[workload]``.
+    From ``[replay]`` (:mod:`fastroute.fleetbench.replay`), ``[family]``
+    (:mod:`fastroute.fleetbench.families`) or ``[workload]``.
     """
+    if spec.family is not None:
+        from fastroute.fleetbench.families import (
+            describe_family,
+            family_rate_rps,
+            family_sessions_for,
+        )
+
+        sessions = family_sessions_for(spec)
+        sources = [r.name for r in spec.fleet.regions]
+        return sessions, sources, (
+            f"family {describe_family(spec)}: {len(sessions)} sessions, "
+            f"{sum(len(s.turns) for s in sessions)} requests at {family_rate_rps(spec):.3f} "
+            f"req/s mean, from {', '.join(sources)}"
+        )  # fmt: skip
     if spec.replay is not None:
         from fastroute.fleetbench.replay import (
             describe_mix,
@@ -135,6 +150,10 @@ def target_rps(spec: BenchSpec) -> float | None:
         from fastroute.fleetbench.replay import replay_rate_rps
 
         return replay_rate_rps(spec)
+    if spec.family is not None:
+        from fastroute.fleetbench.families import family_rate_rps
+
+        return family_rate_rps(spec)
     return None if spec.load is None else spec.load * spec.fleet.capacity_rps()
 
 

@@ -41,7 +41,10 @@ see :mod:`fastroute.fleetbench.routers`)::
     policy = "marginal-cost"
     params = { calibrate = true, infeasible = "reject" }
 
-Instead of ``[workload]`` a spec may replay traces: ``[replay]`` takes the fields of the
+Instead of ``[workload]`` a spec may name a workload family: ``[family]`` takes the
+fields of :mod:`fastroute.workload.families` (``kind = "rag"`` ...; a trace path
+relative to the spec file), open loop at ``load × capacity`` when ``load`` is given,
+else at the family's own ``rate_rps``. Or it may replay traces: ``[replay]`` takes the fields of the
 simulator's :class:`fastroute.workload.mix.ReplayMix` (trace paths relative to the spec
 file); its requests are single-turn, open loop, at ``load × capacity`` when ``load`` is
 given, else at the replay's own ``rate_rps``.
@@ -57,6 +60,7 @@ import msgspec
 
 from fastroute.config import ControllerConfig, PolicyName
 from fastroute.fleetbench.fleet import FleetSpec
+from fastroute.workload.families import Family
 from fastroute.workload.mix import ReplayMix
 
 __all__ = [
@@ -188,7 +192,9 @@ class BenchSpec(msgspec.Struct, **_OPTS):
         ``fastroute.workload.ChatWorkload`` fields; ``rate_sessions_per_s`` is computed
         from ``load`` when ``load`` is set.
     replay : ReplayMix, optional
-        Trace replay instead of ``workload`` (exactly one of the two).
+        Trace replay instead of ``workload``.
+    family : Family, optional
+        A workload family instead of ``workload`` (exactly one of the three).
     faults : tuple of FaultSpec
     router_commands : table of RouterCommand
         Custom routers by name.
@@ -220,6 +226,7 @@ class BenchSpec(msgspec.Struct, **_OPTS):
     slo: SloSpec = SloSpec()
     workload: dict[str, Any] | None = None
     replay: ReplayMix | None = None
+    family: Family | None = None
     faults: tuple[FaultSpec, ...] = ()
     router_commands: dict[str, RouterCommand] = {}
     fastroute_variants: dict[str, FastrouteVariant] = {}
@@ -233,7 +240,7 @@ def load_spec(path: str | Path) -> BenchSpec:
     ------
     BenchSpecError
         Unreadable, not TOML, wrong types or unknown keys (with msgspec's JSON path),
-        or inconsistent: both or neither of ``[workload]`` and ``[replay]``, workload
+        or inconsistent: not exactly one of ``[workload]``, ``[replay]`` and ``[family]``, workload
         sources that are not fleet regions, models served by no engine, faults on
         unknown engines, both or neither of ``load`` and ``concurrency`` (a replay is
         open loop: ``load`` optional, no ``concurrency``), variant tunables the policy
@@ -246,10 +253,13 @@ def load_spec(path: str | Path) -> BenchSpec:
         spec = msgspec.convert(data, BenchSpec)
     except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError, ValueError) as exc:
         raise BenchSpecError(f"{path}: {exc}") from None
-    if (spec.workload is None) == (spec.replay is None):
-        raise BenchSpecError(f"{path}: give exactly one of [workload] and [replay]")
+    given = [spec.workload is not None, spec.replay is not None, spec.family is not None]
+    if sum(given) != 1:
+        raise BenchSpecError(f"{path}: give exactly one of [workload] and [replay] (or [family])")
     if spec.replay is not None:
         _check_replay(path, spec, spec.replay)
+    elif spec.family is not None:
+        _check_family(path, spec, spec.family)
     else:
         _check_workload(path, spec, spec.workload or {})
     names = {f"{g.name}-{i}" for g in spec.fleet.groups for i in range(g.count)}
@@ -300,6 +310,20 @@ def _check_replay(path: Path, spec: BenchSpec, mix: ReplayMix) -> None:
             raise BenchSpecError(
                 f"{path}: replay component {comp.name!r}: trace file not found: {trace}"
             )
+
+
+def _check_family(path: Path, spec: BenchSpec, family: Family) -> None:
+    if spec.concurrency is not None:
+        raise BenchSpecError(f"{path}: [family] is open loop: remove `concurrency`")
+    if family.model not in spec.fleet.models:
+        raise BenchSpecError(f"{path}: family model {family.model!r} is served by no engine")
+    trace = getattr(family, "trace", "")
+    if trace:
+        trace_path = Path(trace)
+        if not trace_path.is_absolute():
+            trace_path = Path(spec.base_dir) / trace_path
+        if not trace_path.is_file():
+            raise BenchSpecError(f"{path}: family trace file not found: {trace_path}")
 
 
 def _check_variants(path: Path, spec: BenchSpec) -> None:

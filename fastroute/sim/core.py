@@ -199,6 +199,17 @@ def prepare_sessions(scenario: Scenario, seed: int) -> tuple[list[Session], floa
     ``spike`` faults become workload bursts; ``target_load`` is applied by the
     simulator (it needs capacities), so this uses the workload's own rate.
     """
+    if scenario.family is not None:
+        from fastroute.workload.family_gen import family_sessions
+
+        sessions = family_sessions(
+            scenario.family,
+            duration_s=scenario.duration_s,
+            sources=tuple(r.name for r in scenario.regions),
+            seed=seed,
+            base_dir=scenario.base_dir,
+        )
+        return sessions, 0.0
     if scenario.replay is not None:
         from fastroute.workload.mix import mixed_replay_sessions
 
@@ -287,7 +298,9 @@ class Simulator:
         if sessions is None:
             sessions, rate = prepare_sessions(sc, self.seed)
             if sc.target_load is not None and sc.trace is None and sessions:
-                if sc.replay is not None:
+                if sc.family is not None:
+                    sessions = self._scale_family(sessions)
+                elif sc.replay is not None:
                     sessions = self._scale_replay(sessions)
                 else:
                     sessions = self._scale_to_load(sessions, rate)
@@ -400,6 +413,18 @@ class Simulator:
         sessions, _ = prepare_sessions(sc, self.seed)
         return sessions
 
+    def _scale_family(self, sessions: list[Session]) -> list[Session]:
+        """Offer ``target_load`` × the fleet's capacity (requests/s) of the family."""
+        import msgspec
+
+        sc = self.scenario
+        self._calibrate(sessions)
+        capacity = self._pool_capacity_rps()
+        fam = msgspec.structs.replace(sc.family, rate_rps=sc.target_load * capacity)  # type: ignore[arg-type,operator]
+        self.scenario = sc = msgspec.structs.replace(sc, family=fam, target_load=None)
+        sessions, _ = prepare_sessions(sc, self.seed)
+        return sessions
+
     def _pool_capacity_rps(self) -> float:
         """Requests/s the fleet serves at ρ = 1: mixed engines plus, per disaggregated
         model, the smaller of its prefill and decode pools."""
@@ -497,21 +522,36 @@ class Simulator:
         ids = [e.engine_id for e in self.engines]
         self.type_names = tuple(sorted(self.nominal))
         types = [self.type_names.index(e.type_name) for e in self.engines]
-        self.dataplanes = [
-            DataPlane(
-                i,
-                r,
-                self.policy_name,
-                self.scenario.dataplane,
-                ids,
-                self.weights,
-                pool,
-                type_names=self.type_names,
-                engine_types=types,
-                policy_extra=self._policy_extra(i),
-            )
-            for i, r in enumerate(self.regions)
-        ]
+        # Per region: `proxies` proxies, each with `workers` policy instances sharing
+        # the proxy's in-flight counts (its shared-memory stats block).
+        cfg = self.scenario.dataplane
+        self.dataplanes: list[DataPlane] = []
+        self.proxies_by_region: dict[str, list[list[DataPlane]]] = {}
+        n_e = len(self.engines)
+        for r in self.regions:
+            proxies = self.proxies_by_region[r] = []
+            for _ in range(cfg.proxies):
+                shared = (np.zeros(n_e, dtype=np.int64), np.zeros(n_e, dtype=np.int64))
+                workers = []
+                for _ in range(cfg.workers):
+                    i = len(self.dataplanes)
+                    dp = DataPlane(
+                        i,
+                        r,
+                        self.policy_name,
+                        cfg,
+                        ids,
+                        self.weights,
+                        pool,
+                        type_names=self.type_names,
+                        engine_types=types,
+                        policy_extra=self._policy_extra(i),
+                        shared_loads=shared,
+                    )
+                    workers.append(dp)
+                    self.dataplanes.append(dp)
+                proxies.append(workers)
+        self.worker_rng = random.Random(f"workers/{self.seed}")
         for dp in self.dataplanes:
             dp.table_version = 0
 
@@ -584,9 +624,8 @@ class Simulator:
         self._window = EngineWindow.empty(n_e)
         self._arrivals = np.zeros(n_c)
         self._windows: deque[tuple[EngineWindow, np.ndarray]] = deque()
-        dp_by_region = {dp.region: dp for dp in self.dataplanes}
         for s in self.sessions:
-            self._push(s.start_s, K_TURN, _Session(s, dp_by_region[s.source]), 0)
+            self._push(s.start_s, K_TURN, _Session(s, self._pick_dataplane(s.source)), 0)
         for f in sc.faults:
             if f.kind != "spike":
                 self._push(f.start_s, K_FAULT, f, True)
@@ -927,8 +966,21 @@ class Simulator:
             return False
         return any(region_a in p and region_b in p for p in self._partitions)
 
+    def _pick_dataplane(self, region: str) -> DataPlane:
+        """The worker a request lands on: a uniformly random proxy of its region, then a
+        uniformly random worker of it (``SO_REUSEPORT``); one seeded stream."""
+        proxies = self.proxies_by_region[region]
+        rng = self.worker_rng
+        workers = proxies[rng.randrange(len(proxies))] if len(proxies) > 1 else proxies[0]
+        return workers[rng.randrange(len(workers))] if len(workers) > 1 else workers[0]
+
     def _on_turn(self, t: float, sess: _Session, turn: int) -> None:
         s = sess.session
+        if turn:
+            # Each request picks its worker anew. Safe to rebind the session's: a turn
+            # starts only after the previous one was served, when none of its attempts
+            # is open any more.
+            sess.dp = self._pick_dataplane(s.source)
         dp = sess.dp
         req = _Req()
         req.rid = f"{s.session_id}/{turn}"
@@ -1290,7 +1342,8 @@ class Simulator:
         self.control.append(
             ControlSample(t, weights.copy(), self.shed.copy(), demand.copy(), churn, wall, out.info)
         )
-        loads = np.sum([dp.loads for dp in self.dataplanes], axis=0)
+        # One count per proxy: its workers share the arrays.
+        loads = np.sum([p[0].loads for ps in self.proxies_by_region.values() for p in ps], axis=0)
         loads.flags.writeable = False
         for dp in self.dataplanes:
             delay = self.rng.uniform(0.0, sc.control.pull_jitter_s)

@@ -215,6 +215,9 @@ class DataPlane:
         Index into ``type_names`` per engine.
     policy_extra : dict
         Constructor arguments the simulator adds to ``config.policy_params``.
+    shared_loads : tuple of two ndarray, optional
+        In-flight (requests, tokens) per engine shared with the other workers of the
+        same proxy (default: this data plane's own).
 
     Attributes
     ----------
@@ -236,6 +239,7 @@ class DataPlane:
         type_names: tuple[str, ...] = ("a40",),
         engine_types: list[int] | None = None,
         policy_extra: dict[str, Any] | None = None,
+        shared_loads: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         self.index = index
         self.region = region
@@ -266,8 +270,9 @@ class DataPlane:
         self.state = EngineState(n, type_names)
         if engine_types is not None:
             self.state.column("engine_type")[:] = engine_types
-        self.loads = np.zeros(n, dtype=np.int64)
-        self.token_loads = np.zeros(n, dtype=np.int64)
+        if shared_loads is None:
+            shared_loads = (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
+        self.loads, self.token_loads = shared_loads
         self.view = self._make_view(weights)
         self.shed_fraction = np.zeros(weights.shape[0])
         self.table_version = 0

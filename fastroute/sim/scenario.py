@@ -4,7 +4,8 @@ Sections (all optional except ``[[engines]]``; field reference in docs/simulator
 ``[slo]``, ``[[regions]]``, ``[network]``, ``[[engines]]``, ``[workload]`` (a
 :class:`~fastroute.workload.ChatWorkload`) or ``[trace]``, ``[dataplane]``,
 ``[control]``, ``[[faults]]``; ``[replay]`` (a bursty mix of traces,
-:class:`~fastroute.workload.mix.ReplayMix`) instead of ``[workload]``/``[trace]``.
+:class:`~fastroute.workload.mix.ReplayMix`) or ``[family]`` (a workload family,
+:mod:`fastroute.workload.families`) instead of ``[workload]``/``[trace]``.
 Decoded with ``msgspec.convert`` into frozen Structs that reject unknown keys, then
 checked across fields (names unique, references resolve).
 """
@@ -21,6 +22,7 @@ from fastroute.emulator.profiles import true_profile
 from fastroute.hardware import get_profile
 from fastroute.sim.metrics import Slo
 from fastroute.workload import ChatWorkload, WorkloadError
+from fastroute.workload.families import Family
 from fastroute.workload.mix import ReplayComponent, ReplayMix
 
 __all__ = [
@@ -202,6 +204,16 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
         Queue-delay guard parameters.
     connect_timeout_s : float
         How long an attempt to an unreachable engine takes to fail.
+    workers : int
+        Policy instances per proxy (the proxy's ``proxy.workers``): each request goes to
+        one of them uniformly at random (seeded), as the kernel's ``SO_REUSEPORT``
+        spreads connections. Each worker has its own policy state (cache-aware's tree,
+        round-robin's cursor), retry budget and ejection state; the in-flight request and
+        token counts the policies read are shared by all workers of a proxy (the proxy's
+        shared-memory stats block).
+    proxies : int
+        Proxies (data planes) per region; each request goes to one of its region's
+        uniformly at random (an L4 load balancer). Each proxy has its own in-flight counts.
     load_view : {"local", "global-stale"}
         What load-aware policies see as in-flight counts: this data plane's own
         (``local``, as the proxy does), or the fleet-wide counts the control plane
@@ -225,6 +237,8 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     guard_interval_s: float = 0.5
     guard_max_wait_s: float = 5.0
     connect_timeout_s: float = 0.5
+    workers: int = 1
+    proxies: int = 1
     load_view: Literal["local", "global-stale"] = "local"
 
 
@@ -331,6 +345,10 @@ class Scenario(msgspec.Struct, **_OPTS):
     trace : TraceSource or None
     replay : ReplayMix or None
         Bursty mix of traces (experiment h); excludes ``trace``.
+    family : Family or None
+        A workload family (:mod:`fastroute.workload.families`, ``kind`` selects it)
+        instead of ``workload``; excludes ``trace`` and ``replay``. ``target_load`` sets
+        its ``rate_rps``.
     dataplane : DataPlaneConfig
     control : ControlConfig
     faults : tuple of Fault
@@ -354,6 +372,7 @@ class Scenario(msgspec.Struct, **_OPTS):
     workload: ChatWorkload = ChatWorkload()
     trace: TraceSource | None = None
     replay: ReplayMix | None = None
+    family: Family | None = None
     dataplane: DataPlaneConfig = DataPlaneConfig()
     control: ControlConfig = ControlConfig()
     faults: tuple[Fault, ...] = ()
@@ -387,11 +406,11 @@ def _check(s: Scenario, where: str) -> None:
         except ValueError as exc:
             bad(f"engines {g.name!r}: step_time_factors: {exc}")
     models = {g.model for g in s.engines}
-    for src in s.workload.sources:
+    for src in s.workload.sources if s.family is None else ():
         if src.name not in regions:
             bad(f"workload source {src.name!r} is not a region; regions: {regions}")
     for m in s.workload.models:
-        if m.name not in models and s.trace is None and s.replay is None:
+        if m.name not in models and s.trace is None and s.replay is None and s.family is None:
             bad(f"workload model {m.name!r} is served by no engine group")
     for m in models:
         roles = {g.role for g in s.engines if g.model == m}
@@ -414,6 +433,11 @@ def _check(s: Scenario, where: str) -> None:
             s.replay.check()
         except WorkloadError as exc:
             bad(str(exc))
+    if s.family is not None:
+        if s.trace is not None or s.replay is not None:
+            bad("[family] excludes [trace] and [replay]")
+        if s.family.model not in models:
+            bad(f"family model {s.family.model!r} is served by no engine group")
     if not (s.duration_s > 0 and s.drain_s >= 0 and 0 <= s.warmup_s < s.duration_s):
         bad("need duration_s > 0, drain_s >= 0 and 0 <= warmup_s < duration_s")
     if s.target_load is not None and not s.target_load > 0:
@@ -424,6 +448,8 @@ def _check(s: Scenario, where: str) -> None:
     d = s.dataplane
     if d.k < 1 or d.max_attempts < 1:
         bad("dataplane needs k >= 1 and max_attempts >= 1")
+    if d.workers < 1 or d.proxies < 1:
+        bad(f"dataplane needs workers >= 1 and proxies >= 1, got {d.workers} and {d.proxies}")
     groups = set(names)
     engine_names = {f"{g.name}-{i}" for g in s.engines for i in range(g.count)}
     for f in s.faults:

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from fastroute.tokens import BYTES_PER_TOKEN
+from fastroute.workload.blocks import BLOCK_TOKENS, BlockTexts
 from fastroute.workload.session import CHAT_OVERHEAD_TOKENS, Session, Turn, make_text
 from fastroute.workload.spec import WorkloadError
 
 __all__ = ["load_trace", "TraceRow", "MOONCAKE_BLOCK_TOKENS"]
 
 #: Tokens per Mooncake ``hash_ids`` block.
-MOONCAKE_BLOCK_TOKENS = 512
+MOONCAKE_BLOCK_TOKENS = BLOCK_TOKENS
 
 
 class TraceRow:
@@ -160,16 +161,6 @@ def _records(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
                 yield {k.strip(): v for k, v in rec.items() if k is not None}, f"{path}:{lineno}"
 
 
-def _blocks_text(hash_ids: Sequence[int], block_tokens: int, cache: dict[int, str]) -> str:
-    parts = []
-    for h in hash_ids:
-        text = cache.get(h)
-        if text is None:
-            text = cache[h] = make_text(f"block {h}", block_tokens)
-        parts.append(text)
-    return "".join(parts)
-
-
 def load_trace(
     path: str | Path,
     *,
@@ -230,7 +221,7 @@ def load_trace(
             groups[sid] = []
             order.append(sid)
         groups[sid].append(row)
-    block_cache: dict[int, str] = {}
+    blocks = BlockTexts("block", block_tokens)
     sessions = []
     for index, sid in enumerate(order):
         members = sorted(groups[sid], key=lambda r: r.t_s)
@@ -243,7 +234,7 @@ def load_trace(
             else:
                 user_tokens = max(1, row.prompt_tokens)
             if row.hash_ids:
-                text = _blocks_text(row.hash_ids, block_tokens, block_cache)
+                text = blocks.join(row.hash_ids)
                 n_bytes = user_tokens * BYTES_PER_TOKEN
                 if len(text) < n_bytes:
                     text += make_text(f"{sid} tail {i}", user_tokens - len(text) // BYTES_PER_TOKEN)

@@ -1,0 +1,225 @@
+"""Policy matrix: workload families x load x seeds x routing policies x (workers, proxies).
+
+    python bench/policy_matrix.py --quick                 # < 2 min: one seed, load 0.9, short runs
+    python bench/policy_matrix.py                         # the full matrix
+    python bench/policy_matrix.py --policies my-policy    # add a policy to the default four
+    python bench/policy_matrix.py --families rag,chat --routers cache-aware --out out/m
+
+Every cell is one simulator run of ``examples/scenarios/families/<family>.toml`` with its
+``target_load``, ``dataplane.workers`` and ``dataplane.proxies`` set, the policy and the
+seed. Per family it prints and writes (``<out>/<family>.md``) a markdown table, one row
+per (policy, workers x proxies, load) averaged over the seeds: goodput (requests/s meeting
+both SLOs), TTFT p50/p99, TBOT p99, the engines' prefix-cache hit rate (cached / queried
+prompt tokens, engine side) and the max/min ratio of requests served per engine; every
+run's figures go to ``<out>/results.json``. Runs are sequential unless ``--jobs`` > 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+FAMILY_DIR = REPO / "examples" / "scenarios" / "families"
+#: Families of the matrix, in table order (scenario files under FAMILY_DIR).
+FAMILIES = (
+    "chat",
+    "prefix-tree",
+    "mooncake",
+    "rag",
+    "agentic",
+    "long-tail",
+    "hot-prompt",
+    "bursts",
+)
+DEFAULT_POLICIES = ("weighted-hrw", "cache-aware", "least-request", "round-robin")
+LOADS = (0.7, 0.9)
+SEEDS = 2
+#: (workers per proxy, proxies per region).
+CONFIGS = ((1, 1), (4, 2))
+#: --quick: one seed, one load, short windows (the scenario's fleet and family unchanged).
+QUICK_LOADS = (0.9,)
+QUICK_SEEDS = 1
+QUICK_SETTINGS = {"duration_s": 20.0, "warmup_s": 5.0, "drain_s": 20.0}
+
+
+def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
+    """One simulator run; returns its figures (JSON-serialisable)."""
+    from fastroute.sim import Simulator, summarize
+    from fastroute.sim.scenario import load_scenario
+
+    settings = {
+        "target_load": cell["load"],
+        "dataplane.workers": cell["workers"],
+        "dataplane.proxies": cell["proxies"],
+        **cell["settings"],
+    }
+    scenario = load_scenario(cell["path"], settings)
+    wall0 = time.perf_counter()
+    sim = Simulator(scenario, policy=cell["policy"], seed=cell["seed"])
+    result = sim.run()
+    window_s = scenario.duration_s - scenario.warmup_s
+    overall = summarize(result.records, slo=scenario.slo, duration_s=window_s)["overall"]
+    hits = queried = 0
+    for e in sim.engines:
+        h, q = e.cache_hit_tokens
+        hits += h
+        queried += q
+    served = Counter(r.engine for r in result.records if r.outcome == "ok")
+    per_engine = [served.get(name, 0) for name in result.engine_names]
+    low, high = min(per_engine), max(per_engine)
+    return {
+        **{k: cell[k] for k in ("family", "policy", "load", "seed", "workers", "proxies")},
+        "requests": overall["requests"],
+        "goodput_rps": overall["goodput_rps"],
+        "ttft_p50_s": overall["ttft_s"]["p50"],
+        "ttft_p99_s": overall["ttft_s"]["p99"],
+        "tbot_p99_s": overall["tbot_s"]["p99"],
+        "engine_prefix_hit_rate": hits / queried if queried else None,
+        "served_per_engine": per_engine,
+        "load_ratio_max_min": high / low if low else (math.inf if high else None),
+        "wall_s": time.perf_counter() - wall0,
+    }
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if math.isinf(value):
+        return "∞"
+    return f"{value:.{digits}f}"
+
+
+def family_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table of one family's runs, seeds averaged."""
+    groups: dict[tuple[str, int, int, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["policy"], r["workers"], r["proxies"], r["load"]), []).append(r)
+    lines = [
+        "| policy | workers×proxies | load | goodput req/s | TTFT p50 s | TTFT p99 s "
+        "| TBOT p99 s | engine prefix hit | max/min engine load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (policy, workers, proxies, load), rs in groups.items():
+        ratio = [r["load_ratio_max_min"] for r in rs]
+        lines.append(
+            f"| {policy} | {workers}×{proxies} | {load:g} "
+            f"| {_fmt(_mean([r['goodput_rps'] for r in rs]))} "
+            f"| {_fmt(_mean([r['ttft_p50_s'] for r in rs]), 3)} "
+            f"| {_fmt(_mean([r['ttft_p99_s'] for r in rs]), 3)} "
+            f"| {_fmt(_mean([r['tbot_p99_s'] for r in rs]), 3)} "
+            f"| {_fmt(_mean([r['engine_prefix_hit_rate'] for r in rs]))} "
+            f"| {_fmt(math.inf if math.inf in ratio else _mean(ratio))} |"
+        )
+    return "\n".join(lines)
+
+
+def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The matrix's runs, in table order."""
+    settings = dict(QUICK_SETTINGS) if args.quick else {}
+    seeds = range(1, 1 + (QUICK_SEEDS if args.quick else args.seeds))
+    loads = QUICK_LOADS if args.quick and args.loads is None else (args.loads or LOADS)
+    cells = []
+    for family in args.families:
+        for policy in args.routers:
+            for workers, proxies in CONFIGS:
+                for load in loads:
+                    for seed in seeds:
+                        cells.append(
+                            {
+                                "family": family,
+                                "path": str(FAMILY_DIR / f"{family}.toml"),
+                                "policy": policy,
+                                "load": load,
+                                "seed": seed,
+                                "workers": workers,
+                                "proxies": proxies,
+                                "settings": settings,
+                            }
+                        )
+    return cells
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    from fastroute.policy.registry import POLICIES
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--families", type=_csv, default=list(FAMILIES), help="comma list")
+    ap.add_argument(
+        "--routers",
+        type=_csv,
+        default=list(DEFAULT_POLICIES),
+        help=f"policies to run instead of the default {','.join(DEFAULT_POLICIES)}",
+    )
+    ap.add_argument(
+        "--policies", type=_csv, default=[], help="policies added to --routers (comma list)"
+    )
+    ap.add_argument("--loads", type=lambda s: [float(x) for x in _csv(s)], default=None)
+    ap.add_argument("--seeds", type=int, default=SEEDS, help="seeds per cell (1, 2, ...)")
+    ap.add_argument("--quick", action="store_true", help="one seed, load 0.9, 20 s windows")
+    ap.add_argument("--jobs", type=int, default=1, help="parallel runs (processes)")
+    ap.add_argument("--out", type=Path, default=REPO / "out" / "policy-matrix")
+    args = ap.parse_args(argv)
+    args.routers = list(dict.fromkeys([*args.routers, *args.policies]))
+    unknown = [p for p in args.routers if p not in POLICIES]
+    if unknown:
+        ap.error(f"unknown policies {unknown}; registered: {sorted(POLICIES)}")
+    missing = [f for f in args.families if not (FAMILY_DIR / f"{f}.toml").is_file()]
+    if missing:
+        ap.error(f"no scenario for families {missing} in {FAMILY_DIR}")
+    if args.seeds < 1 or args.jobs < 1:
+        ap.error("--seeds and --jobs must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the matrix, print and write the tables and the results JSON."""
+    args = parse_args(argv)
+    cells = build_cells(args)
+    wall0 = time.perf_counter()
+    print(f"policy matrix: {len(cells)} runs", file=sys.stderr)
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(run_cell, cells))
+    else:
+        results = []
+        for i, cell in enumerate(cells, 1):
+            results.append(run_cell(cell))
+            r = results[-1]
+            print(
+                f"[{i}/{len(cells)}] {r['family']} {r['policy']} {r['workers']}x{r['proxies']} "
+                f"load {r['load']:g} seed {r['seed']}: {r['wall_s']:.1f} s",
+                file=sys.stderr,
+            )
+    wall = time.perf_counter() - wall0
+    args.out.mkdir(parents=True, exist_ok=True)
+    for family in args.families:
+        table = family_table([r for r in results if r["family"] == family])
+        text = f"## {family}\n\n{table}\n"
+        (args.out / f"{family}.md").write_text(text)
+        print(text)
+    summary = {"quick": args.quick, "runs": len(results), "wall_s": wall, "results": results}
+    (args.out / "results.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"{len(results)} runs in {wall:.0f} s; results in {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Bench specs with a ``[family]``: loading, checks, and the sessions the driver sends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fastroute.fleetbench.families import family_rate_rps
+from fastroute.fleetbench.runner import build_sessions, target_rps
+from fastroute.fleetbench.spec import BenchSpecError, load_spec
+from fastroute.sim.scenario import load_scenario
+from fastroute.workload.family_gen import family_sessions
+
+REPO = Path(__file__).resolve().parents[3]
+SPECS = REPO / "examples" / "bench" / "families"
+
+
+def test_every_family_spec_loads_at_70_and_90_percent():
+    paths = sorted(SPECS.glob("*.toml"))
+    assert len(paths) == 16
+    for path in paths:
+        spec = load_spec(path)
+        assert spec.family is not None and spec.workload is None and spec.replay is None
+        assert spec.load in (0.7, 0.9) and path.stem.endswith(f"-{round(spec.load * 100)}")
+        assert sum(g.count for g in spec.fleet.groups) == 4 and len(spec.fleet.models) == 1
+
+
+def test_bench_and_simulator_send_the_same_requests_for_a_family():
+    spec = load_spec(SPECS / "mooncake-70.toml")
+    sessions, sources, text = build_sessions(spec)
+    assert sources == ["local"] and "family prefix-tree" in text
+    rate = 0.7 * 4 * spec.fleet.groups[0].capacity_rps
+    assert target_rps(spec) == family_rate_rps(spec) == pytest.approx(rate)
+    scenario = load_scenario(REPO / "examples" / "scenarios" / "families" / "mooncake.toml")
+    import msgspec
+
+    family = msgspec.structs.replace(scenario.family, rate_rps=rate)
+    same = family_sessions(
+        family,
+        duration_s=spec.warmup_s + spec.duration_s,
+        sources=("local",),
+        seed=spec.seed,
+        base_dir=scenario.base_dir,
+    )
+    assert sessions == same and len(sessions) > 50
+
+
+def _write(tmp_path: Path, base: str, **replace: str) -> Path:
+    text = (SPECS / base).read_text()
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("load = 0.70", "concurrency = 4", r"\[family\] is open loop"),
+        ('kind = "rag"', 'kind = "rag"\nmodel = "gpt"', "family model 'gpt'"),
+        ("mooncake-fast25-synthetic-1000.jsonl", "no.jsonl", "trace file not found"),
+        ("documents = 256", "documents = 0", "documents must be >= 1"),
+        ('kind = "rag"', 'kind = "rag"\n[workload]\nmean_turns = 2.0', "exactly one of"),
+    ],
+)
+def test_family_spec_errors_name_the_problem(tmp_path, old, new, message):
+    with pytest.raises(BenchSpecError, match=message):
+        base = "mooncake-70.toml" if "jsonl" in old else "rag-70.toml"
+        load_spec(_write(tmp_path, base, **{old: new}))
+
+
+def test_bench_capacity_of_a_family_is_the_simulators_saturation_capacity():
+    from fastroute.emulator.model import EngineConfig
+    from fastroute.fleetbench.families import saturation_capacity
+    from fastroute.hardware import get_profile
+    from fastroute.sim.capacity import request_shapes, saturation_capacity_rps
+
+    spec = load_spec(SPECS / "hot-prompt-70.toml")
+    profile = spec.fleet.groups[0].profile
+    sample = family_sessions(spec.family, duration_s=90.0, sources=("local",), seed=spec.seed)
+    shapes = request_shapes(sample, 384, seed=spec.seed)
+    sim = saturation_capacity_rps(get_profile(profile), EngineConfig(), shapes)
+    assert saturation_capacity(spec, profile) == pytest.approx(sim, rel=1e-9)
+    assert saturation_capacity(spec, profile) == pytest.approx(
+        spec.fleet.groups[0].capacity_rps, abs=0.01
+    )
