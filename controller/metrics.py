@@ -81,6 +81,16 @@ class ControllerMetrics:
             ["engine"],
             registry=r,
         )
+        self._add_prefix_cache_metrics(r)
+        self.config_reloads = Counter(
+            "fastroute_controller_config_reloads",
+            "SIGHUP config reloads by result (ok, unchanged, error)",
+            ["result"],
+            registry=r,
+        )
+
+    def _add_prefix_cache_metrics(self, r: CollectorRegistry) -> None:
+        """The engines' prefix-cache hit ratios, per engine and for the fleet."""
         self.engine_prefix_hit_ratio = Gauge(
             "fastroute_controller_engine_prefix_cache_hit_ratio",
             "Prefix-cache hits per queried prompt token over the last minute, from the engine's "
@@ -102,12 +112,6 @@ class ControllerMetrics:
         self.prefix_window = Gauge(
             "fastroute_controller_prefix_cache_window_seconds",
             "Span of the fleet's hit-ratio window, seconds (NaN: since the engines started)",
-            registry=r,
-        )
-        self.config_reloads = Counter(
-            "fastroute_controller_config_reloads",
-            "SIGHUP config reloads by result (ok, unchanged, error)",
-            ["result"],
             registry=r,
         )
 

@@ -108,8 +108,9 @@ _hash = xxhash.xxh3_64_intdigest
 HOT_LEAVE_RATIO = 0.5
 
 #: Candidate keys tried against the load bound: the first group that is not hot and
-#: its first sub-group that is not hot; past them the bounded fallback decides. More
-#: candidates cost one O(n) ranking each and rarely change the pick.
+#: its first sub-group that is not hot (then the deepest key, whose rendezvous order the
+#: bounded fallback uses). More candidates cost one O(n) ranking each and rarely change
+#: the pick.
 MAX_CANDIDATES = 2
 
 #: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
@@ -215,10 +216,6 @@ class PrefixHRW(Policy):
         self._last = (request, [h for _, h in keys])
         mask = view.eligible(request.row)
         candidates = self._candidates(keys, mask)
-        # Observe through the deepest candidate's next depth (see on_routed).
-        self._observe_upto = (
-            keys.index(candidates[-1]) + 1 if self.order == "shallow" else len(keys)
-        )
         loads = view.in_flight_tokens()
         if loads is None:
             loads = view.in_flight()
@@ -242,6 +239,7 @@ class PrefixHRW(Policy):
         hot = self.hot
         # Too few observations to tell a share from noise: nothing is hot yet.
         n_eligible = int(np.count_nonzero(mask))
+        deepest, keys_by_depth = keys[-1], keys
         if self.order == "deep":
             keys = keys[::-1]
         if n_eligible > 1 and hot.requests >= 2 * n_eligible:
@@ -253,8 +251,20 @@ class PrefixHRW(Policy):
                     cold.append(kd)
                     if len(cold) == MAX_CANDIDATES:
                         break
-            return cold or keys[-1:]
-        return keys[:MAX_CANDIDATES]
+            keys = cold or keys[-1:]
+        else:
+            keys = keys[:MAX_CANDIDATES]
+        # on_routed observes through the deepest candidate's next depth.
+        self._observe_upto = (
+            len(keys_by_depth)
+            if self.order == "deep"
+            else 1 + max((i for i, kd in enumerate(keys_by_depth) if kd in keys), default=0)
+        )
+        # The bounded fallback ranks by the last candidate: make it the most specific key,
+        # so requests that all share the candidates' prefixes do not herd onto one engine.
+        if keys[-1] != deepest:
+            keys = [*keys, deepest]
+        return keys
 
     def on_routed(self, request: RouteRequest, engine_id: int) -> None:
         last, keys = self._last
