@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,9 +13,13 @@ import pytest
 from fastroute.hardware import get_profile
 from fastroute.predict import COEF_NAMES, NominalStepTimes, decode_features, prefill_features
 from fastroute.predict.fit import fit_step_times, nnls, relative_errors
+from fastroute.predict.profiles import MEASURED
 
 TRUE = NominalStepTimes.from_profile(get_profile("a40"))
 BUDGET = 2048
+MEASURED_POINTS = (
+    Path(__file__).resolve().parents[3] / "docs" / "history" / "2026-12-real-vllm-calibration.json"
+)
 
 
 def _points() -> list[list[float]]:
@@ -111,3 +117,27 @@ def test_relative_errors_sign_and_size():
 def test_bad_input_is_refused(features, times, fixed):
     with pytest.raises(ValueError):
         fit_step_times(features, times, fixed=fixed)
+
+
+def test_the_measured_profile_is_the_fit_of_its_committed_points():
+    """``profiles.MEASURED`` is what the fit gives on the raw results it cites, and the
+    fit explains those points (docs/predict.md, "Fit on a real vLLM")."""
+    raw = json.loads(MEASURED_POINTS.read_text())
+    used = [p for p in raw["points"] if p["kind"] != "mixed" and "engine_s" in p]
+    features = [
+        prefill_features(p["n"], budget=p["budget"])
+        if p["kind"] == "prefill"
+        else decode_features(p["batch"], p["context"])
+        for p in used
+    ]
+    fit = fit_step_times(features, [p["engine_s"] for p in used])
+    profile = MEASURED["cpu-tiny-llama-vllm"]
+    for name, value in zip(COEF_NAMES, profile.coef(), strict=True):
+        if name == "m1_s":  # not measured: the nominal a1
+            assert value == profile.a1_s
+            continue
+        if name == "a3_s":  # not excited (one chunk per prompt): the mechanism's 2·a2
+            assert fit.coef[name] == 0.0 and value == pytest.approx(2 * profile.a2_s)
+            continue
+        assert value == pytest.approx(fit.coef[name], rel=0.01, abs=1e-12), name
+    assert fit.p90_abs_rel_err < 0.1
