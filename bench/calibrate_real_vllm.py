@@ -197,6 +197,9 @@ def concurrent_streams(
     results: list[list[float]] = [[] for _ in prompts]
     errors: list[BaseException] = []
     fired = threading.Event()
+    # Every thread sends at once: on a loaded machine, threads started one after another
+    # reached the engine seconds apart, so the streams did not overlap.
+    together = threading.Barrier(len(prompts))
 
     def on_token(count: int) -> None:
         if count == MIXED_INJECT_AFTER_TOKENS and not fired.is_set():
@@ -205,6 +208,7 @@ def concurrent_streams(
 
     def run(i: int) -> None:
         try:
+            together.wait(REQUEST_TIMEOUT_S)
             results[i] = stream_token_times(
                 probe.url, probe.model, prompts[i], max_tokens, on_token
             )
@@ -300,7 +304,7 @@ def sweep(quick: bool, budget: int = BUDGET_TOKENS) -> list[dict[str, Any]]:
     mixed point needs its prefill in one step beside the batch (its features assume it)."""
     pf = (16, 256, 768) if quick else PREFILL_TOKENS
     batches = (1, 4, 8) if quick else DECODE_BATCHES
-    output = 32 if quick else DECODE_OUTPUT_TOKENS
+    output = DECODE_OUTPUT_TOKENS
     points: list[dict[str, Any]] = [{"kind": "prefill", "n": n} for n in pf]
     points += [
         {"kind": "decode", "batch": b, "prompt": DECODE_PROMPT_TOKENS, "output": output}
