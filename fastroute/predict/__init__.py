@@ -6,6 +6,9 @@
 * :mod:`~fastroute.predict.step_time` — the step-time model of one engine type
   (prefill ``a0 + a1·n + a2·n² + a3·n·c``, decode step ``b0 + b1·B + b2·S``) with
   per-engine residuals;
+* :mod:`~fastroute.predict.fit` — the offline (batch, relative NNLS) fit of the step-time
+  model to measured points;
+* :mod:`~fastroute.predict.profiles` — step-time constants measured on real engines;
 * :mod:`~fastroute.predict.calibration` — a fleet's models by type, the KV-transfer
   model, export/import as plain data;
 * :mod:`~fastroute.predict.output_length` — output-length histograms with back-off;

@@ -109,16 +109,25 @@ def vllm_env(cpu: str) -> dict[str, str]:
 
 
 def start_vllm(
-    inst: Installed, log_dir: Path, *, name: str, cpu: str, extra_args: tuple[str, ...] = ()
+    inst: Installed,
+    log_dir: Path,
+    *,
+    name: str,
+    cpu: str,
+    extra_args: tuple[str, ...] = (),
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> Running:
-    """Start ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` script fails here)."""
+    """Start ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` script fails here).
+
+    ``max_model_len`` bounds prompt + output tokens (the tiny model has 2048 positions).
+    """
     port = free_port()
     log = log_dir / f"{name}.log"
     cmd = [
         str(inst.python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(inst.model), "--served-model-name", MODEL,
         "--host", "127.0.0.1", "--port", str(port),
-        "--enforce-eager", "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
+        "--enforce-eager", "--dtype", "float32", "--max-model-len", str(max_model_len),
         "--max-num-seqs", "16", "--enable-prompt-tokens-details", *extra_args,
     ]  # fmt: skip
     with log.open("ab") as out:
