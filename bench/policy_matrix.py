@@ -77,7 +77,8 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     per_engine = [served.get(name, 0) for name in result.engine_names]
     low, high = min(per_engine), max(per_engine)
     return {
-        **{k: cell[k] for k in ("family", "policy", "load", "seed", "workers", "proxies")},
+        **{k: cell[k] for k in ("family", "load", "seed", "workers", "proxies")},
+        "policy": cell.get("label", cell["policy"]),
         "requests": overall["requests"],
         "goodput_rps": overall["goodput_rps"],
         "ttft_p50_s": overall["ttft_s"]["p50"],
@@ -147,7 +148,16 @@ def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 "seed": seed,
                                 "workers": workers,
                                 "proxies": proxies,
-                                "settings": settings,
+                                "settings": {
+                                    **settings,
+                                    **(
+                                        {"dataplane.policy_params": args.params}
+                                        if args.params
+                                        else {}
+                                    ),
+                                },
+                                "label": policy
+                                + (json.dumps(args.params, sort_keys=True) if args.params else ""),
                             }
                         )
     return cells
@@ -175,6 +185,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=SEEDS, help="seeds per cell (1, 2, ...)")
     ap.add_argument("--quick", action="store_true", help="one seed, load 0.9, 20 s windows")
     ap.add_argument("--jobs", type=int, default=1, help="parallel runs (processes)")
+    ap.add_argument(
+        "--params",
+        type=json.loads,
+        default={},
+        help="tunables for every policy run, JSON (e.g. '{\"balance_factor\": 3.0}'); "
+        "the results label the policy with them",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "out" / "policy-matrix")
     args = ap.parse_args(argv)
     args.routers = list(dict.fromkeys([*args.routers, *args.policies]))

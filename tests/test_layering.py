@@ -57,6 +57,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
             "fastroute.config",
             "fastroute.errors",
             "fastroute.predict",
+            "fastroute.tokens",  # prefix-hrw: bytes of prompt text -> tokens saved
         },
         "fastroute.signals": {
             "fastroute.errors",

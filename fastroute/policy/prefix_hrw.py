@@ -96,6 +96,7 @@ from fastroute.policy.base import (
     check_k,
 )
 from fastroute.policy.hot_keys import HotKeys
+from fastroute.tokens import BYTES_PER_TOKEN
 
 __all__ = ["PrefixHRW", "depth_keys"]
 
@@ -112,6 +113,15 @@ HOT_LEAVE_RATIO = 0.5
 #: bounded fallback uses). More candidates cost one O(n) ranking each and rarely change
 #: the pick.
 MAX_CANDIDATES = 2
+
+#: A request whose estimated cached prefix is at least this fraction of its prompt stays
+#: with its home (only the c-bound moves it); below it, the request goes to the
+#: least-loaded engine when the home's extra in-flight tokens exceed the saving. The
+#: estimate is the deepest *seen* depth, and depths double, so it is low by up to 2x:
+#: 0.25 of the estimate means less than half of the prompt truly cached. In-flight tokens
+#: overstate queued work (most are contexts already prefilled), which is why the load
+#: comparison is only trusted when little is saved.
+AFFINITY_CACHED_FRACTION = 0.25
 
 #: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
 MIN_BLOCK_BYTES = 64
@@ -231,8 +241,49 @@ class PrefixHRW(Policy):
             reason = "prefix-home" if used == 0 else "prefix-spill"
             if len(request.prefix) < self.block_bytes:
                 reason = "no-prefix"
+            least = self._cheaper_elsewhere(
+                keys, depth, ranked[0], loads, mask, request.prompt_tokens
+            )
+            if least >= 0:
+                ranked = [least, *(i for i in ranked if i != least)][:k]
+                reason, depth = "cost-spill", -1
         scores = (float(depth),) + (0.0,) * (len(ranked) - 1)
         return self._decision(view, ranked, reason, scores)
+
+    def _cheaper_elsewhere(
+        self,
+        keys: list[tuple[int, int]],
+        depth: int,
+        home: int,
+        loads: np.ndarray,
+        mask: np.ndarray,
+        prompt_tokens: int,
+    ) -> int:
+        """The least-loaded eligible engine if the request is mostly not cached at its
+        home and the home's extra load costs more tokens than the cached part saves,
+        else -1.
+
+        The saving is estimated as the deepest depth of this request already seen by the
+        share estimate (the prefix its group has sent recently), at least the deciding
+        key's depth, in tokens at ``BYTES_PER_TOKEN``; the extra queue is the home's
+        in-flight tokens minus the least-loaded engine's.
+        """
+        hot = self.hot
+        seen = depth
+        for d, key in reversed(keys):
+            if d <= seen:
+                break
+            if hot.share(key) > 0.0:
+                seen = d
+                break
+        saving_tokens = seen / BYTES_PER_TOKEN
+        if saving_tokens >= AFFINITY_CACHED_FRACTION * prompt_tokens:
+            return -1  # mostly cached at home: affinity wins, the c-bound guards the rest
+        masked = np.where(mask.view(bool), loads, np.iinfo(np.int64).max)
+        least = int(masked.argmin())
+        if least == home or int(loads[home]) - int(loads[least]) <= saving_tokens:
+            return -1
+        return least
 
     def _candidates(self, keys: list[tuple[int, int]], mask: np.ndarray) -> list[tuple[int, int]]:
         """The keys to try, in order: those of groups that are not hot (else the deepest)."""
