@@ -64,6 +64,7 @@ __all__ = [
     "pd_protocol_of",
     "PRIORITIES",
     "POLICY_NAMES",
+    "DEFAULT_POLICY_NAME",
     "DEFAULT_HARDWARE_CLASSES",
     "RegionConfig",
     "NetworkConfig",
@@ -112,6 +113,8 @@ PolicyName = Literal[
     "length-heuristic",
 ]
 POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
+#: The policy of a class that names none (``PolicyConfig.default``).
+DEFAULT_POLICY_NAME = "prefix-hrw"
 
 #: Engine roles: ``both`` serves whole requests; ``prefill``/``decode`` form P/D pools.
 Role = Literal["both", "prefill", "decode"]
@@ -405,7 +408,7 @@ class PolicyConfig(_Section):
         policy names; values are booleans, integers, floats or strings.
     """
 
-    default: PolicyName = "weighted-hrw"
+    default: PolicyName = DEFAULT_POLICY_NAME  # type: ignore[assignment]
     top_k: Annotated[int, msgspec.Meta(ge=1, le=64)] = 3
     bounded_load: bool = True
     bounded_load_factor: Annotated[float, msgspec.Meta(ge=1.0, le=1e6)] = 2.0

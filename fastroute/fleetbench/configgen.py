@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from fastroute.config import DEFAULT_POLICY_NAME
 from fastroute.fleetbench.fleet import FleetSpec, PlannedEngine
 
 __all__ = ["ProxySettings", "render_config"]
@@ -61,7 +62,7 @@ def render_config(
     table_name: str,
     controller_port: int,
     controller_url: str | None = None,
-    policy: str = "weighted-hrw",
+    policy: str = DEFAULT_POLICY_NAME,
     policy_params: Mapping[str, bool | int | float | str] | None = None,
     hardware: str | None = None,
     period_s: float = 5.0,

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastroute.config import DEFAULT_POLICY_NAME
 from fastroute.fleetbench.spec import FastrouteVariant, RouterCommand
 
 __all__ = ["RouterPlan", "resolve_router", "expand_command", "BUILTIN_TEMPLATES"]
@@ -121,7 +122,7 @@ def resolve_router(
         return RouterPlan(name, "command", None, custom[name], _check(custom[name]))
     base, _, policy = name.partition(":")
     if base == "fastroute":
-        policy = policy or "weighted-hrw"
+        policy = policy or DEFAULT_POLICY_NAME
         if policy not in POLICY_NAMES:
             raise ValueError(f"router {name!r}: unknown fastroute policy; one of {POLICY_NAMES}")
         return RouterPlan(name, "fastroute", policy)

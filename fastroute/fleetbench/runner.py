@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from fastroute.config import DEFAULT_POLICY_NAME
 from fastroute.fleetbench.fleet import PlannedEngine, set_fault
 from fastroute.fleetbench.process import ManagedProcess, ProcessDiedError, ProcessSet, free_port
 from fastroute.fleetbench.procstat import RssSampler, session_cpu_s
@@ -225,7 +226,8 @@ async def _start_router(
         slo = {m: (spec.slo.ttft_s, spec.slo.tbot_s) for m in spec.fleet.models}
         stack = FastrouteStack(
             procs, spec.fleet, engines, sources, run_dir, prefix,
-            policy=plan.policy or "weighted-hrw", policy_params=plan.params, hardware=plan.hardware,
+            policy=plan.policy or DEFAULT_POLICY_NAME, policy_params=plan.params,
+            hardware=plan.hardware,
             period_s=spec.controller_period_s, controller_enabled=spec.controller, slo_s=slo,
         )  # fmt: skip
         urls = await stack.start()

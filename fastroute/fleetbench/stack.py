@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastroute.config import DEFAULT_POLICY_NAME
 from fastroute.fleetbench.configgen import ProxySettings, render_config
 from fastroute.fleetbench.fleet import (
     FleetSpec,
@@ -106,7 +107,7 @@ class FastrouteStack:
     sources: Sequence[str]
     run_dir: Path
     shm_prefix: str
-    policy: str = "weighted-hrw"
+    policy: str = DEFAULT_POLICY_NAME
     policy_params: Mapping[str, bool | int | float | str] | None = None
     hardware: str | None = None
     period_s: float = 5.0

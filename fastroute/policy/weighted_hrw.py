@@ -1,4 +1,4 @@
-"""``weighted-hrw``: weighted rendezvous hashing over the controller's weights (default).
+"""``weighted-hrw``: weighted rendezvous hashing of the routing key over the controller's weights.
 
 Algorithm
     The compiled selector ranks the class row's eligible engines by the rendezvous

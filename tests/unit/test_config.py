@@ -153,7 +153,7 @@ def test_minimal_file_gets_the_documented_defaults() -> None:
     assert config.proxy.forward_authorization is False and config.proxy.admin_token is None
     assert config.proxy.report_interval_s == 1.0 and config.proxy.scrape_engines is False
     assert (config.controller.host, config.controller.port) == ("127.0.0.1", 8090)
-    assert config.policy.default == "weighted-hrw"
+    assert config.policy.default == "prefix-hrw"
     assert (config.policy.top_k, config.policy.bounded_load_factor) == (3, 2.0)
     assert (config.retry.ratio, config.retry.ttl_s, config.retry.max_retries) == (0.1, 10.0, 1)
     assert config.ejection.consecutive_failures == 5

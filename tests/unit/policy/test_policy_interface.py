@@ -185,15 +185,15 @@ def test_invalid_tunables_are_rejected(name, params):
         make_policy(name, **params)
 
 
-def test_registry_names_match_classes_and_default_is_weighted_hrw():
+def test_registry_names_match_classes_and_default_is_prefix_hrw():
     """POLICIES maps each class's own name to it, for exactly the configuration's names; the
-    default is weighted-hrw, the configuration's default."""
-    assert DEFAULT_POLICY == "weighted-hrw" == PolicyConfig().default
+    default is prefix-hrw, the configuration's default."""
+    assert DEFAULT_POLICY == "prefix-hrw" == PolicyConfig().default
     assert ALL == sorted(POLICY_NAMES)
     for name, cls in POLICIES.items():
         assert cls.name == name and issubclass(cls, Policy)
         assert isinstance(make_policy(name), cls)
-    assert POLICIES["cache-aware"].needs_prefix
+    assert POLICIES["cache-aware"].needs_prefix and POLICIES["prefix-hrw"].needs_prefix
     assert not POLICIES["weighted-hrw"].needs_prefix
 
 
