@@ -28,6 +28,14 @@ Algorithm
        key's rendezvous choice among the within-bound engines (never empty: the
        least-loaded engine per weight always is). The failover ranking is the rendezvous
        ranking of the key that decided (``Selector.rank_prefix``).
+    3. **Cost spill.** Affinity is worth the prefill it saves. The saving is estimated as
+       the deepest depth of this request that the share estimate has seen (at least the
+       deciding key's depth), in tokens. If that is under
+       :data:`AFFINITY_CACHED_FRACTION` of the prompt and the home holds more in-flight
+       tokens than the least-loaded eligible engine by more than the saving, the request
+       goes to the least-loaded engine (reason ``"cost-spill"``): unshared long prompts
+       are balanced like ``least-request``, cached ones stay home. A session id the client
+       declared is never cost-spilled.
 
 Why shallowest first
     The shallowest group is the largest set of requests sharing a prefix, so routing by
@@ -73,10 +81,11 @@ Cost per request
     selector; ``bench/bench_prefix_pick.py`` times it.
 
 ``Decision.reason``: ``"prefix-home"`` (the first candidate's home), ``"prefix-spill"``
-(a later candidate's home), ``"bounded-spill"`` (no home within bound) or ``"no-prefix"``
+(a later candidate's home), ``"bounded-spill"`` (no home within bound), ``"cost-spill"``
+(rule 3) or ``"no-prefix"``
 (prompt shorter than one block: the routing key's home, under the same bound).
 ``scores`` holds, for the chosen engine only, the depth in bytes of the key that decided
-(-1 for the bounded fallback) and then 0 for the other ranked engines.
+(-1 for the bounded fallback and the cost spill) and then 0 for the other ranked engines.
 """
 
 from __future__ import annotations
@@ -241,9 +250,12 @@ class PrefixHRW(Policy):
             reason = "prefix-home" if used == 0 else "prefix-spill"
             if len(request.prefix) < self.block_bytes:
                 reason = "no-prefix"
-            least = self._cheaper_elsewhere(
-                keys, depth, ranked[0], loads, mask, request.prompt_tokens
-            )
+            declared = depth == 0 and request.key_depth_bytes == 0  # the client's session
+            least = -1
+            if not declared:
+                least = self._cheaper_elsewhere(
+                    keys, depth, ranked[0], loads, mask, request.prompt_tokens
+                )
             if least >= 0:
                 ranked = [least, *(i for i in ranked if i != least)][:k]
                 reason, depth = "cost-spill", -1

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from fastroute.config import DEFAULT_POLICY_NAME
 from fastroute.emulator.profiles import true_profile
 from fastroute.hardware import get_profile
+from fastroute.policy.registry import DEFAULT_POLICY
 from fastroute.sim.metrics import Slo
 from fastroute.workload import ChatWorkload, WorkloadError
 from fastroute.workload.families import Family
@@ -221,7 +221,7 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
         published with the last table (``global-stale``: the herd experiment).
     """
 
-    policy: str = DEFAULT_POLICY_NAME
+    policy: str = DEFAULT_POLICY
     policy_params: dict[str, Any] = {}
     k: int = 3
     retry: Literal["budget", "fixed", "none"] = "budget"

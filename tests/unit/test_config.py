@@ -280,7 +280,7 @@ BAD_INPUTS = [
     pytest.param(
         MINIMAL + '\n[policy]\ndefault = "random"\n',
         "$.policy.default",
-        "expected one of 'weighted-hrw'",
+        "expected one of 'prefix-hrw', 'weighted-hrw'",
         id="unknown-policy",
     ),
     pytest.param(
@@ -593,7 +593,7 @@ def test_class_for_prefers_exact_then_wildcard_then_defaults() -> None:
     assert config.class_for("other", "batch").name == "any-batch"
     fallback = config.class_for("m", "interactive")
     assert fallback == ClassConfig(name="m/interactive", model="m", priority="interactive")
-    assert config.policy_for(fallback) == "weighted-hrw"
+    assert config.policy_for(fallback) == "prefix-hrw"
     with pytest.raises(ValueError, match="priority must be one of"):
         config.class_for("m", "urgent")
 

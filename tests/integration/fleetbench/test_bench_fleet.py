@@ -90,7 +90,7 @@ def test_spec_errors_name_the_problem(tmp_path: Path) -> None:
 
 def test_router_names_and_templates() -> None:
     """Names resolve to fastroute policies or command templates; placeholders expand."""
-    assert resolve_router("fastroute", {}).policy == "weighted-hrw"
+    assert resolve_router("fastroute", {}).policy == "prefix-hrw"  # the default policy
     assert resolve_router("fastroute:round-robin", {}).policy == "round-robin"
     with pytest.raises(ValueError, match="unknown fastroute policy"):
         resolve_router("fastroute:nope", {})

@@ -96,7 +96,7 @@ def test_proxy_chat_and_completions_through_openai(h: Harness) -> None:
                 extra_body={"ignore_eos": True},
             )
             assert raw.headers["x-fastroute-engine"] in {"engine-0", "engine-1"}
-            assert "policy=weighted-hrw" in raw.headers["x-fastroute-decision"]
+            assert "policy=prefix-hrw" in raw.headers["x-fastroute-decision"]
             chat = raw.parse()
             assert chat.choices[0].message.content and chat.usage.completion_tokens == 5
 

@@ -97,7 +97,7 @@ def test_proxy_decision_header_and_admin_record(h: Harness) -> None:
                 rid = resp.headers["x-request-id"]
             assert engine in {"engine-0", "engine-1", "engine-2"}
             fields = dict(kv.split("=", 1) for kv in decision.split(";"))
-            assert fields["policy"] == "weighted-hrw" and fields["rank"] == "0"
+            assert fields["policy"] == "prefix-hrw" and fields["rank"] == "0"
             assert fields["attempt"] == "1" and fields["gen"] == "0"
             assert fields["key"] == "header"
             async with s.get(f"{st.url}/admin/decisions/{rid}") as resp:
