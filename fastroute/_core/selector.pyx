@@ -351,3 +351,31 @@ cdef class Selector:
             if k > 8:
                 free(out_idx)
                 free(out_score)
+
+    def least_loaded(self, Py_ssize_t row, loads, available=None):
+        """The eligible engine of ``row`` with the smallest load; see the spec."""
+        self._check_row(row)
+        cdef Py_ssize_t n = self.n_engines
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        if available is not None:
+            mask = _as_mask(available, n)
+            if n:
+                mask_ptr = &mask[0]
+        cdef const int64_t[:] load
+        try:
+            load = loads
+        except (TypeError, ValueError):
+            load = np.asarray(loads, dtype=np.int64)
+        if load.shape[0] != n:
+            raise ValueError(f"loads must have shape ({n},), got ({load.shape[0]},)")
+        cdef Py_ssize_t i, best = -1
+        cdef int64_t best_load = 0
+        cdef const double* inv_w = &self._inv_w[row, 0] if n else NULL
+        for i in range(n):
+            if inv_w[i] == INFINITY or (mask_ptr != NULL and mask_ptr[i] == 0):
+                continue
+            if best < 0 or load[i] < best_load:
+                best = i
+                best_load = load[i]
+        return best

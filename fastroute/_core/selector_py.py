@@ -343,3 +343,25 @@ class Selector:
             bounded[i] = within_bound(i)
         ranked = self._rank(keys[-1], row, bounded, k)
         return (ranked or self._rank(keys[-1], row, mask, k)), len(keys)
+
+    def least_loaded(self, row: int, loads: Any, available: Any = None) -> int:
+        """The eligible engine of ``row`` with the smallest load; ties to the lowest index.
+
+        Eligible as everywhere here: weight > 0 in the row and not masked out. Returns -1
+        when none is. ``loads`` is int64 per engine.
+        """
+        if not 0 <= row < self.n_classes:
+            raise IndexError(f"row {row} out of range for {self.n_classes} classes")
+        mask = None if available is None else self._check(0, row, available)
+        load = np.asarray(loads)
+        if load.shape != (self.n_engines,):
+            raise ValueError(f"loads must have shape ({self.n_engines},), got {load.shape}")
+        inv_w = self._inv_w[row]
+        best, best_load = -1, 0
+        for i in range(self.n_engines):
+            if inv_w[i] == math.inf or (mask is not None and not mask[i]):
+                continue
+            value = int(load[i])
+            if best < 0 or value < best_load:
+                best, best_load = i, value
+        return best

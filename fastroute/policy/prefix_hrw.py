@@ -253,9 +253,7 @@ class PrefixHRW(Policy):
             declared = depth == 0 and request.key_depth_bytes == 0  # the client's session
             least = -1
             if not declared:
-                least = self._cheaper_elsewhere(
-                    keys, depth, ranked[0], loads, mask, request.prompt_tokens
-                )
+                least = self._cheaper_elsewhere(request, keys, depth, ranked[0], loads, view)
             if least >= 0:
                 ranked = [least, *(i for i in ranked if i != least)][:k]
                 reason, depth = "cost-spill", -1
@@ -264,12 +262,12 @@ class PrefixHRW(Policy):
 
     def _cheaper_elsewhere(
         self,
+        request: RouteRequest,
         keys: list[tuple[int, int]],
         depth: int,
         home: int,
         loads: np.ndarray,
-        mask: np.ndarray,
-        prompt_tokens: int,
+        view: FleetView,
     ) -> int:
         """The least-loaded eligible engine if the request is mostly not cached at its
         home and the home's extra load costs more tokens than the cached part saves,
@@ -289,11 +287,13 @@ class PrefixHRW(Policy):
                 seen = d
                 break
         saving_tokens = seen / BYTES_PER_TOKEN
-        if saving_tokens >= AFFINITY_CACHED_FRACTION * prompt_tokens:
+        if saving_tokens >= AFFINITY_CACHED_FRACTION * request.prompt_tokens:
             return -1  # mostly cached at home: affinity wins, the c-bound guards the rest
-        masked = np.where(mask.view(bool), loads, np.iinfo(np.int64).max)
-        least = int(masked.argmin())
-        if least == home or int(loads[home]) - int(loads[least]) <= saving_tokens:
+        home_load = int(loads[home])
+        if home_load <= saving_tokens:
+            return -1  # no engine can be lighter by more than the saving
+        least = view.selector.least_loaded(request.row, loads, view.eligible(request.row))
+        if least < 0 or least == home or home_load - int(loads[least]) <= saving_tokens:
             return -1
         return least
 

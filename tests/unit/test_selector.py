@@ -191,6 +191,18 @@ def test_rank_prefix_falls_back_to_the_engines_within_bound(impl: type) -> None:
     assert ranked == selector.rank(6, 0, 8, (loads == 0).astype(np.uint8))
 
 
+def test_least_loaded_skips_ineligible_engines_and_breaks_ties_by_index(impl: type) -> None:
+    selector = impl([1, 2, 3, 4], [[1.0, 0.0, 1.0, 1.0]])
+    loads = np.array([5, 0, 3, 3], dtype=np.int64)  # engine 1 has weight 0
+    assert selector.least_loaded(0, loads) == 2
+    assert selector.least_loaded(0, loads, np.array([1, 1, 0, 1], dtype=np.uint8)) == 3
+    assert selector.least_loaded(0, loads, np.zeros(4, dtype=np.uint8)) == -1
+    with pytest.raises(ValueError, match="loads"):
+        selector.least_loaded(0, loads[:2])
+    with pytest.raises(IndexError):
+        selector.least_loaded(1, loads)
+
+
 def test_rank_prefix_weights_shares_and_handles_edges(impl: type) -> None:
     """The bound is per weight share; no eligible engine gives ([], -1); bad args raise."""
     selector = impl([1, 2], [[3.0, 1.0]])
@@ -236,6 +248,7 @@ if "cy" in IMPLS:
                 assert py.pick_bounded(key, row, loads, 1.25, mask) == cy.pick_bounded(
                     key, row, loads, 1.25, mask
                 )
+                assert py.least_loaded(row, loads, mask) == cy.least_loaded(row, loads, mask)
                 chain = [key, *_keys(rand, int(rand.np.integers(0, 20)))]
                 for factor in (1.0, 1.25, 3.0):
                     assert py.rank_prefix(chain, row, k, loads, factor, mask) == cy.rank_prefix(
