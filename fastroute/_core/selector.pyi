@@ -38,5 +38,7 @@ class Selector:
         available: Any = None,
     ) -> tuple[list[int], int]:
         """Rank by the first key whose home is within its bounded share."""
-    def least_loaded(self, row: int, loads: npt.ArrayLike, available: Any = None) -> int:
-        """The eligible engine of ``row`` with the smallest load; ties to the lowest index."""
+    def least_loaded(
+        self, key_hash: int, row: int, loads: npt.ArrayLike, available: Any = None
+    ) -> int:
+        """The eligible engine of ``row`` with the smallest load; ties by rendezvous order."""

@@ -352,8 +352,9 @@ cdef class Selector:
                 free(out_idx)
                 free(out_score)
 
-    def least_loaded(self, Py_ssize_t row, loads, available=None):
-        """The eligible engine of ``row`` with the smallest load; see the spec."""
+    def least_loaded(self, uint64_t key_hash, Py_ssize_t row, loads, available=None):
+        """The eligible engine of ``row`` with the smallest load, ties by rendezvous order
+        of ``key_hash``; see the spec."""
         self._check_row(row)
         cdef Py_ssize_t n = self.n_engines
         cdef const uint8_t[::1] mask
@@ -369,13 +370,23 @@ cdef class Selector:
             load = np.asarray(loads, dtype=np.int64)
         if load.shape[0] != n:
             raise ValueError(f"loads must have shape ({n},), got ({load.shape[0]},)")
-        cdef Py_ssize_t i, best = -1
-        cdef int64_t best_load = 0
+        cdef Py_ssize_t i, found = 0, best
+        cdef int64_t least = 0
         cdef const double* inv_w = &self._inv_w[row, 0] if n else NULL
         for i in range(n):
             if inv_w[i] == INFINITY or (mask_ptr != NULL and mask_ptr[i] == 0):
                 continue
-            if best < 0 or load[i] < best_load:
-                best = i
-                best_load = load[i]
+            if not found or load[i] < least:
+                least = load[i]
+                found = 1
+        if not found:
+            return -1
+        cdef uint8_t* ties = <uint8_t*>malloc(n * sizeof(uint8_t))
+        if ties == NULL:
+            raise MemoryError()
+        for i in range(n):
+            ties[i] = (inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0)
+                       and load[i] == least)
+        best = self._pick(key_hash, row, ties)
+        free(ties)
         return best

@@ -344,24 +344,26 @@ class Selector:
         ranked = self._rank(keys[-1], row, bounded, k)
         return (ranked or self._rank(keys[-1], row, mask, k)), len(keys)
 
-    def least_loaded(self, row: int, loads: Any, available: Any = None) -> int:
-        """The eligible engine of ``row`` with the smallest load; ties to the lowest index.
+    def least_loaded(self, key_hash: int, row: int, loads: Any, available: Any = None) -> int:
+        """The eligible engine of ``row`` with the smallest load; ties by rendezvous order.
 
-        Eligible as everywhere here: weight > 0 in the row and not masked out. Returns -1
-        when none is. ``loads`` is int64 per engine.
+        Eligible as everywhere here: weight > 0 in the row and not masked out. Among the
+        engines of least load, the one ``pick(key_hash, row)`` would choose: equal engines
+        split such requests by weight instead of all taking the lowest index. Returns -1
+        when none is eligible. ``loads`` is int64 per engine.
         """
-        if not 0 <= row < self.n_classes:
-            raise IndexError(f"row {row} out of range for {self.n_classes} classes")
-        mask = None if available is None else self._check(0, row, available)
+        mask = self._check(key_hash, row, available)
         load = np.asarray(loads)
         if load.shape != (self.n_engines,):
             raise ValueError(f"loads must have shape ({self.n_engines},), got {load.shape}")
         inv_w = self._inv_w[row]
-        best, best_load = -1, 0
-        for i in range(self.n_engines):
-            if inv_w[i] == math.inf or (mask is not None and not mask[i]):
-                continue
-            value = int(load[i])
-            if best < 0 or value < best_load:
-                best, best_load = i, value
-        return best
+        eligible = [
+            i for i in range(self.n_engines) if inv_w[i] != math.inf and (mask is None or mask[i])
+        ]
+        if not eligible:
+            return -1
+        least = min(int(load[i]) for i in eligible)
+        ties = [False] * self.n_engines
+        for i in eligible:
+            ties[i] = int(load[i]) == least
+        return self._rank(key_hash, row, ties, 1)[0]

@@ -191,16 +191,23 @@ def test_rank_prefix_falls_back_to_the_engines_within_bound(impl: type) -> None:
     assert ranked == selector.rank(6, 0, 8, (loads == 0).astype(np.uint8))
 
 
-def test_least_loaded_skips_ineligible_engines_and_breaks_ties_by_index(impl: type) -> None:
+def test_least_loaded_skips_ineligible_engines_and_breaks_ties_by_rendezvous(
+    impl: type,
+) -> None:
+    """The least-loaded eligible engine; equal loads go where the key's rendezvous order
+    says, so idle engines share such requests instead of all taking index 0."""
     selector = impl([1, 2, 3, 4], [[1.0, 0.0, 1.0, 1.0]])
     loads = np.array([5, 0, 3, 3], dtype=np.int64)  # engine 1 has weight 0
-    assert selector.least_loaded(0, loads) == 2
-    assert selector.least_loaded(0, loads, np.array([1, 1, 0, 1], dtype=np.uint8)) == 3
-    assert selector.least_loaded(0, loads, np.zeros(4, dtype=np.uint8)) == -1
+    ties = np.array([0, 0, 1, 1], dtype=np.uint8)
+    for key in range(50):
+        assert selector.least_loaded(key, 0, loads) == selector.pick(key, 0, ties)
+    assert {selector.least_loaded(key, 0, loads) for key in range(50)} == {2, 3}
+    assert selector.least_loaded(7, 0, loads, np.array([1, 1, 0, 1], dtype=np.uint8)) == 3
+    assert selector.least_loaded(7, 0, loads, np.zeros(4, dtype=np.uint8)) == -1
     with pytest.raises(ValueError, match="loads"):
-        selector.least_loaded(0, loads[:2])
+        selector.least_loaded(7, 0, loads[:2])
     with pytest.raises(IndexError):
-        selector.least_loaded(1, loads)
+        selector.least_loaded(7, 1, loads)
 
 
 def test_rank_prefix_weights_shares_and_handles_edges(impl: type) -> None:
@@ -248,7 +255,9 @@ if "cy" in IMPLS:
                 assert py.pick_bounded(key, row, loads, 1.25, mask) == cy.pick_bounded(
                     key, row, loads, 1.25, mask
                 )
-                assert py.least_loaded(row, loads, mask) == cy.least_loaded(row, loads, mask)
+                assert py.least_loaded(key, row, loads, mask) == cy.least_loaded(
+                    key, row, loads, mask
+                )
                 chain = [key, *_keys(rand, int(rand.np.integers(0, 20)))]
                 for factor in (1.0, 1.25, 3.0):
                     assert py.rank_prefix(chain, row, k, loads, factor, mask) == cy.rank_prefix(
