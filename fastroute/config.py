@@ -572,6 +572,11 @@ class ProxyConfig(_Section):
         host the controller writes it.
     stats_name : str
         Shared-memory per-engine stats block the workers write.
+    response_map_capacity : int
+        Entries of the host's stored-response id → engine map (``{stats_name}.responses``,
+        24 bytes each, a multiple of 8): a Responses follow-up (``previous_response_id``,
+        ``GET /v1/responses/{id}``) goes to the engine that stored the response. When
+        full, the oldest entries of a bucket are overwritten.
     controller_url : str, optional
         ``http://host:port`` of a controller on another host: the proxy pulls weight
         snapshots from it and reports to it. Unset means the controller shares this
@@ -600,6 +605,7 @@ class ProxyConfig(_Section):
     forward_authorization: bool = False
     table_name: SegmentName = "fastroute-weights"
     stats_name: SegmentName = "fastroute-stats"
+    response_map_capacity: Annotated[int, msgspec.Meta(ge=8, le=1 << 24, multiple_of=8)] = 65536
     controller_url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)] | None = None
     report_interval_s: PositiveSeconds = 1.0
     scrape_engines: bool = False

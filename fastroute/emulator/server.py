@@ -14,6 +14,10 @@ Endpoints (per engine)
     ``max_completion_tokens``, ``min_tokens``, ``ignore_eos``, ``n = 1``, vLLM's
     ``kv_transfer_params`` (disaggregated prefill/decode), and for ``kind = "sglang"``
     P/D engines SGLang's ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room``.
+``POST /v1/responses``, ``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``
+    vLLM's Responses API (:mod:`fastroute.emulator.responses_api`).
+``POST /v1/messages``, ``POST /v1/messages/count_tokens``
+    vLLM's Anthropic Messages API (:mod:`fastroute.emulator.messages_api`).
 ``GET /v1/models``, ``GET /health`` (503 while loading or draining), ``GET /metrics``.
 ``GET|POST|DELETE /admin/fault`` (loopback only): see :mod:`fastroute.emulator.faults`.
 ``POST /internal/kv_transfer/claim`` (loopback only): a decode engine in another
@@ -46,6 +50,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from fastroute.emulator.bootstrap import DEFAULT_BOOTSTRAP_TIMEOUT_S, BootstrapRooms, RoomFailed
 from fastroute.emulator.faults import FaultController, FaultState, FaultUpdate
+from fastroute.emulator.messages_api import MessagesAPI
 from fastroute.emulator.metrics import EngineMetrics
 from fastroute.emulator.model import (
     EngineConfig,
@@ -68,6 +73,7 @@ from fastroute.emulator.protocol import (
     stream_error_event,
     usage_dict,
 )
+from fastroute.emulator.responses_api import ResponsesAPI
 from fastroute.hardware import get_profile
 from fastroute.hashing import key_hash
 from fastroute.tokens import TokenizedPrompt, render_chat, tokenize_ids, tokenize_text
@@ -304,6 +310,9 @@ class EmulatedEngine:
             },
         )
         self.port = spec.port
+        #: ``/v1/responses`` (stored responses by id) and ``/v1/messages``.
+        self.responses_api = ResponsesAPI(self)
+        self.messages_api = MessagesAPI(self)
         self.app = self._make_app()
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -503,6 +512,8 @@ class EmulatedEngine:
         app.router.add_delete("/admin/fault", self._delete_fault)
         app.router.add_post("/internal/kv_transfer/claim", self._claim_endpoint)
         app.router.add_post("/bootstrap/claim", self._bootstrap_endpoint)
+        self.responses_api.install(app)
+        self.messages_api.install(app)
         return app
 
     def _error(self, status: int, message: str, param: str | None = None) -> web.Response:

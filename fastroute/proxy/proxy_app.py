@@ -36,6 +36,7 @@ from typing import Protocol
 from prometheus_client import Counter
 
 from fastroute.config import Config, ConfigError, load_config
+from fastroute.errors import TableError
 from fastroute.guards.admission import QueueDelayGuard
 from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import PolicyConfigError
@@ -50,7 +51,9 @@ from fastroute.proxy.path.fleet import Fleet, FleetState
 from fastroute.proxy.path.handler import Incoming, InferenceHandler, ProxyContext, build_policies
 from fastroute.proxy.path.marginal_setup import install_marginal
 from fastroute.proxy.path.pd import PDPools
+from fastroute.proxy.path.stored_responses import is_stored_response_path
 from fastroute.proxy.routes import INFERENCE_PATHS, get_reply, is_get_path, not_allowed, unknown_url
+from fastroute.tables.response_map import ResponseMap, response_map_name
 from fastroute.tables.stats import StatsBlock
 
 __all__ = ["ProxyApp", "ServedRequest", "build_context", "TABLE_POLL_INTERVAL_S"]
@@ -139,8 +142,27 @@ def build_context(
     if aggregator is not None:
         ctx.aggregator = aggregator  # the signal path's counters outlive reloads
     ctx.scraper = getattr(previous, "scraper", None)
+    ctx.responses = _response_map(config, stats_block, previous)
     install_marginal(ctx, previous)
     return ctx
+
+
+def _response_map(
+    config: Config, stats_block: StatsBlock | None, previous: ProxyContext | None
+) -> ResponseMap | None:
+    """The previous context's id map; else the host's, next to its stats block (the
+    supervisor creates it); None: the handler makes a private one."""
+    if previous is not None and previous.responses is not None:
+        return previous.responses
+    if stats_block is None:
+        return None
+    try:
+        return ResponseMap.attach(response_map_name(stats_block.name))
+    except (TableError, OSError) as exc:
+        logger.warning(
+            "no shared response map (%s): previous_response_id affinity is per worker", exc
+        )
+        return ResponseMap.private(config.proxy.response_map_capacity)
 
 
 def _admission(config: Config, previous: ProxyContext | None) -> AdmissionQueue | None:
@@ -335,6 +357,8 @@ class ProxyApp:
             if method not in ("GET", "HEAD"):
                 return _done(not_allowed(method, path, ("GET", "HEAD")))
             return _done(get_reply(self._current.ctx, path, request.headers, remote))
+        if is_stored_response_path(path):
+            return self._current.handler.stored.serve(request, method, rid)
         return _done(unknown_url(method, path))
 
     async def _infer(self, request: ServedRequest, kind: str, sink: Sink, rid: str) -> Reply:

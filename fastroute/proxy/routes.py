@@ -7,6 +7,11 @@ Routes
 ------
 ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``
     The request path (:mod:`fastroute.proxy.path.handler`); see :data:`INFERENCE_PATHS`.
+``POST /v1/responses``, ``POST /v1/messages``, ``POST /v1/messages/count_tokens``
+    The same path, routed like chat (:mod:`fastroute.proxy.path.api_endpoints`).
+``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``
+    To the engine that stored the response
+    (:mod:`fastroute.proxy.path.stored_responses`).
 ``GET /v1/models``
     The union of the configured engines' models, OpenAI list shape.
 ``GET /health``
@@ -43,6 +48,9 @@ INFERENCE_PATHS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
 }
 #: The ``GET`` endpoints (besides ``/admin/decisions/{request_id}``).
 _GET_PATHS = ("/v1/models", "/health", "/ready", "/metrics")

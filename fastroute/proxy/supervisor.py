@@ -6,7 +6,9 @@ The supervisor (the process systemd or the user starts):
    (``proxy.stats_name``; one slot per configured engine, config order) — only here,
    only at start. If another live proxy owns that name (e.g. an old instance still
    draining), it warns and uses ``{stats_name}-{pid}`` instead, rather than refuse to
-   start or take over the other proxy's block;
+   start or take over the other proxy's block; next to it, the stored-response id →
+   engine map (:class:`~fastroute.tables.response_map.ResponseMap`,
+   ``{stats_name}.responses``, ``proxy.response_map_capacity`` entries);
 2. reserves the listen address with a bound, non-listening ``SO_REUSEPORT`` socket (so
    port 0 resolves to one port for every worker, and the port stays ours while a
    worker restarts);
@@ -47,6 +49,7 @@ from fastroute.config import Config, ConfigError, load_config
 from fastroute.errors import TableLockedError
 from fastroute.hashing import engine_id
 from fastroute.systemd import Notifier, pids_listening
+from fastroute.tables.response_map import ResponseMap, response_map_name
 from fastroute.tables.stats import StatsBlock
 
 __all__ = [
@@ -196,8 +199,16 @@ class Supervisor:
         """Supervise until SIGTERM/SIGINT (or too many restarts); return the exit status."""
         stats = self._create_stats()
         try:
+            responses = ResponseMap.create(
+                response_map_name(self.stats_name), self.config.proxy.response_map_capacity
+            )
+        except BaseException:
+            stats.unlink()
+            raise
+        try:
             reserve = self._reserve()
         except BaseException:
+            responses.close()
             stats.unlink()
             raise
         rfd, wfd = os.pipe()
@@ -246,6 +257,7 @@ class Supervisor:
             os.close(rfd)
             os.close(wfd)
             reserve.close()
+            responses.close()
             stats.unlink()
             self._sd.close()
         return 1 if self._failed else 0

@@ -621,6 +621,7 @@ class HostPool:
         *,
         deadline: float,
         connect_timeout_s: float,
+        method: str = "POST",
     ) -> Response:
         """``POST`` ``body`` to ``path``; return once the response headers arrived.
 
@@ -641,6 +642,8 @@ class HostPool:
             for a connection and connecting included).
         connect_timeout_s : float
             Most seconds for opening a new connection.
+        method : str
+            Another request method (``GET``: ``body`` empty; the stored-response routes).
 
         Returns
         -------
@@ -654,7 +657,7 @@ class HostPool:
         """
         if self._closed:
             raise ConnectionDropped("pool closed")
-        payload = self._encode(path, body, headers)
+        payload = self._encode(path if method == "POST" else f"{method} {path}", body, headers)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -692,10 +695,12 @@ class HostPool:
     # -- request encoding -------------------------------------------------------------------
 
     def _encode(self, path: str, body: bytes, headers: Iterable[tuple[str, str]] | bytes) -> bytes:
+        # ``path`` is the target of a POST, or "METHOD target" (one cache for both).
         head = self._heads.get(path)
         if head is None:
-            target = quote(path, safe=_PATH_SAFE)
-            head = f"POST {target} HTTP/1.1\r\n{self._fixed}".encode("ascii")
+            method, _, target = path.rpartition(" ")
+            target = quote(target, safe=_PATH_SAFE)
+            head = f"{method or 'POST'} {target} HTTP/1.1\r\n{self._fixed}".encode("ascii")
             if len(self._heads) < _MAX_CACHED_PATHS:
                 self._heads[path] = head
         if isinstance(headers, bytes):

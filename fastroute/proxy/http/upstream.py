@@ -146,6 +146,7 @@ class UpstreamPool:
         body: bytes,
         headers: Iterable[tuple[str, str]] | bytes,
         deadline: float,
+        method: str = "POST",
     ) -> http1.Response:
         """Send ``body`` to ``engine`` and wait for the response headers.
 
@@ -162,6 +163,8 @@ class UpstreamPool:
             encoded lines, see ``http1.HostPool.request``).
         deadline : float
             ``loop.time()`` by which the whole attempt must be over.
+        method : str
+            Another request method (``GET``, with an empty ``body``).
 
         Returns
         -------
@@ -185,6 +188,7 @@ class UpstreamPool:
                 headers,
                 deadline=header_deadline,
                 connect_timeout_s=self.timeouts.connect_timeout_s,
+                method=method,
             )
         except http1.HTTP1Error as exc:
             raise _classify(exc, engine.name, "before responding") from None

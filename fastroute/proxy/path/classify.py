@@ -14,6 +14,7 @@ import msgspec
 from fastroute.config import PRIORITIES, ClassConfig, Config, TenantConfig, hash_api_key
 from fastroute.proxy.http.openai_errors import error_reply
 from fastroute.proxy.http.reply import Reply
+from fastroute.proxy.path.api_requests import parse_messages, parse_responses
 from fastroute.proxy.path.request_state import RequestState
 from fastroute.proxy.path.requests import (
     ChatRequest,
@@ -40,6 +41,15 @@ PREFIX_BYTES = 4096
 
 #: Most distinct zone sets whose sorted list is cached for decision records.
 MAX_CACHED_ZONE_SETS = 1024
+
+#: Parsers of the kinds routed like chat from another API's body (``api_requests``).
+_CHAT_LIKE_PARSERS = {
+    "responses": parse_responses,
+    "messages": parse_messages,
+    "count_tokens": parse_messages,
+}
+#: Anthropic's API-key header, read as the tenant's key when there is no bearer token.
+ANTHROPIC_KEY_HEADER = "x-api-key"
 
 
 class Reject(Exception):
@@ -177,6 +187,8 @@ class Classifier:
                 parsed: ParsedRequest = parse_chat(body)
             elif kind == "completions":
                 parsed = parse_completion(body)
+            elif kind in _CHAT_LIKE_PARSERS:
+                parsed = _CHAT_LIKE_PARSERS[kind](body)
             else:
                 parsed = parse_embeddings(body)
         except RequestParseError as exc:
@@ -196,15 +208,19 @@ class Classifier:
         return parsed
 
     def tenant(self, headers: Mapping[str, str]) -> TenantConfig | None:
-        """The tenant of the request's API key (401 if none and no default tenant)."""
+        """The tenant of the request's API key (401 if none and no default tenant).
+
+        The key is the ``Authorization`` bearer token, else Anthropic's ``x-api-key``.
+        """
         if not self.config.tenants:
             return None
         auth = headers.get("Authorization", "")
         tenant = None
-        if auth[:7].lower() == "bearer ":
-            key = auth[7:].strip()
-            if key:
-                tenant = self._tenant_by_hash.get(hash_api_key(key))
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if not key:
+            key = headers.get(ANTHROPIC_KEY_HEADER, "").strip()
+        if key:
+            tenant = self._tenant_by_hash.get(hash_api_key(key))
         if tenant is None:
             tenant = self._default_tenant
         if tenant is None:

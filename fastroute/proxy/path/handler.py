@@ -49,6 +49,7 @@ from fastroute.proxy.http.reply import Reply, Sink
 from fastroute.proxy.http.upstream import UpstreamPool
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.path.admission import AdmissionQueue, AdmissionRejected
+from fastroute.proxy.path.api_endpoints import build_api_endpoints
 from fastroute.proxy.path.classify import PREFIX_BYTES, Classifier, Reject, route_prefix
 from fastroute.proxy.path.decisions import DecisionLog, DecisionRecord
 from fastroute.proxy.path.fleet import Fleet
@@ -60,8 +61,10 @@ from fastroute.proxy.path.records import choice_renderer
 from fastroute.proxy.path.request_state import RequestState
 from fastroute.proxy.path.routing_key import estimate_prompt_tokens, routing_key
 from fastroute.proxy.path.sse import ask_for_usage
+from fastroute.proxy.path.stored_responses import StoredResponses
 from fastroute.proxy.path.strategy import build_pair_strategies, build_strategies
 from fastroute.signals.reports import DemandAggregator
+from fastroute.tables.response_map import ResponseMap
 
 __all__ = [
     "ProxyContext",
@@ -131,6 +134,9 @@ class ProxyContext:
     scraper : EngineScraper or None
         The proxy's own engine scraper (``proxy.scrape_engines``), set by
         ``install_signal_tasks``; the ``marginal-cost`` engine load merges its scrapes.
+    responses : ResponseMap or None
+        The host's stored-response id → engine map (``previous_response_id``); None: the
+        handler makes a private one (``proxy.response_map_capacity``).
     """
 
     config: Config
@@ -144,6 +150,7 @@ class ProxyContext:
     pd: PDPools | None = None
     aggregator: DemandAggregator | None = None
     scraper: Any = None
+    responses: ResponseMap | None = None
     ready: bool = False
     draining: bool = False
 
@@ -167,6 +174,10 @@ def _reset_ids_after_fork() -> None:
 
 os.register_at_fork(after_in_child=_reset_ids_after_fork)
 
+#: Kinds whose streams the proxy asks the usage event for (the others always send it,
+#: or do not stream), and that may take the P/D path.
+_CHAT_KINDS = frozenset(("chat", "completions"))
+
 
 def new_request_id() -> str:
     """A fresh, unique request id (client-supplied ids are not trusted)."""
@@ -186,9 +197,15 @@ class InferenceHandler:
         config = ctx.config
         self.config = config
         self._classifier = Classifier(config, ctx.fleet.rows)
-        self._forwarder = Forwarder(ctx, HeaderRelay(config.proxy.forward_authorization))
+        headers = HeaderRelay(config.proxy.forward_authorization)
+        self._forwarder = Forwarder(ctx, headers)
         self._strategies = build_strategies(ctx)
         self._pd = PDStages(ctx, self._forwarder, build_pair_strategies(ctx))
+        if ctx.responses is None:
+            ctx.responses = ResponseMap.private(config.proxy.response_map_capacity)
+        self._apis = build_api_endpoints(ctx.responses)
+        #: ``GET /v1/responses/{id}`` and its cancel, to the engine that stored it.
+        self.stored = StoredResponses(ctx, headers)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
@@ -215,8 +232,8 @@ class InferenceHandler:
         ----------
         request : Incoming
             Its ``path`` and ``headers``.
-        kind : {"chat", "completions", "embeddings"}
-            The endpoint.
+        kind : str
+            The endpoint (a value of ``routes.INFERENCE_PATHS``).
         body : bytes or None
             The whole request body; None if it was over ``limits.max_body_bytes`` (413).
         sink : Sink
@@ -234,6 +251,9 @@ class InferenceHandler:
         t0 = loop.time()
         record = DecisionRecord(request_id=rid, endpoint=request.path)
         state = RequestState(request, kind, body, sink, record, loop, t0)
+        api = self._apis.get(kind)
+        if api is not None:  # Responses, Messages: their dialect and hooks
+            state.api = api.begin(state)
         metrics = ctx.metrics
         metrics.in_flight_count += 1
         response: Reply | None = None
@@ -253,6 +273,8 @@ class InferenceHandler:
             response = await self._route(state)
             return response
         finally:
+            if state.api is not None and response is not None:
+                state.api.finish(state, response)
             metrics.in_flight_count -= 1
             status = response.status if response is not None else 499
             record.status = status
@@ -271,7 +293,7 @@ class InferenceHandler:
             raise classifier.too_large()
         parsed = state.parsed = classifier.parse(state.kind, state.body)
         state.record.model = parsed.model or ""
-        if parsed.stream and state.kind != "embeddings":
+        if parsed.stream and state.kind in _CHAT_KINDS:
             # Token counts from the engine: ask for the usage event, strip it on relay.
             body = ask_for_usage(state.body, parsed.stream_options)
             if body is not None:
@@ -344,7 +366,7 @@ class InferenceHandler:
         forward; P/D models go to their two stages."""
         ctx, config = self.ctx, self.config
         pd = ctx.pd
-        if pd is not None and state.kind != "embeddings" and state.model in pd.models:
+        if pd is not None and state.kind in _CHAT_KINDS and state.model in pd.models:
             return await self._pd.forward(state)
         loop = state.loop
         strategy = state.strategy
@@ -373,6 +395,8 @@ class InferenceHandler:
                 capped = not decision.ranked and eligibility.capped_out(
                     state.row, fleet_state, mask
                 )
+        if state.api is not None and decision.ranked:
+            decision = state.api.pin(state, mask, decision)
         record = state.record
         record.policy, record.reason = decision.policy, decision.reason
         record.defer(choice_renderer(fleet, state.row, mask, fleet_state, decision))

@@ -20,7 +20,14 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_CACHED_HEADER_NAMES", "HeaderRelay", "decision_headers", "header_lines"]
 
-_DROP_REQUEST_HEADERS = HOP_BY_HOP | {"host", "content-length", "authorization", "accept-encoding"}
+# x-api-key: Anthropic's form of the client's key, kept from engines like Authorization.
+_DROP_REQUEST_HEADERS = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "authorization",
+    "x-api-key",
+    "accept-encoding",
+}
 _DROP_RESPONSE_HEADERS = HOP_BY_HOP | {
     "content-length",
     "content-encoding",
@@ -99,6 +106,9 @@ class HeaderRelay:
         if self.forward_authorization and "Authorization" in headers:
             auth = headers["Authorization"].encode("utf-8", "surrogateescape")
             lines.append(b"Authorization: %b\r\n" % auth)
+        elif self.forward_authorization and "x-api-key" in headers:
+            key = headers["x-api-key"].encode("utf-8", "surrogateescape")
+            lines.append(b"x-api-key: %b\r\n" % key)
         elif engine_key:
             lines.append(self._engine_auth(engine_key))
         lines.append(f"x-request-id: {rid}\r\n".encode())

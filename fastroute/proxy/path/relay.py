@@ -198,7 +198,7 @@ class Relay:
         headers = [("Cache-Control", "no-cache")]
         await sink.start(resp.status, headers, self.headers.to_client(resp, record))
         first_at = loop.time()
-        meter = StreamMeter(state.strip_usage)
+        meter = state.meter_type(state.strip_usage)
         tally = _StreamTally(
             meter, tracked, partial(self._first_token, state, index, attempt, tracked)
         )

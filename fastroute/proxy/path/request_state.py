@@ -11,6 +11,7 @@ decode) for a P/D request.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from fastroute.policy import Decision, RouteRequest
 from fastroute.proxy.http.reply import Sink
 from fastroute.proxy.path.decisions import DecisionRecord
 from fastroute.proxy.path.requests import ParsedRequest
+from fastroute.proxy.path.sse import StreamMeter
 
 if TYPE_CHECKING:
     from fastroute.proxy.path.fleet import Fleet
@@ -78,6 +80,13 @@ class RequestState:
     strip_usage : bool
         ``body`` asks for the stream's usage event on the client's behalf (it did not):
         the relay measures it and does not pass it on.
+    meter_type : callable
+        Makes the relay's stream meter from ``strip_usage``: the chat/completions
+        :class:`~fastroute.proxy.path.sse.StreamMeter`, or a dialect's
+        (:mod:`~fastroute.proxy.path.sse_dialects`).
+    api : object or None
+        The hooks of a Responses or Messages request
+        (:mod:`~fastroute.proxy.path.api_endpoints`); None for the other kinds.
     """
 
     request: Any
@@ -105,3 +114,5 @@ class RequestState:
     deadline: float = 0.0
     unenforced: Decision | None = None
     strip_usage: bool = False
+    meter_type: Callable[[bool], StreamMeter] = StreamMeter
+    api: Any = None
