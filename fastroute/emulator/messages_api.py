@@ -13,7 +13,7 @@
 
 Errors are vLLM's: ``{"type": "error", "error": {"type", "message"}}``, the type the
 name of vLLM's error class for the status (``BadRequestError``, ``NotFoundError``...).
-``max_tokens`` is required, as Anthropic's API has it.
+``max_tokens`` is required and at least 1, as Anthropic's API has it.
 """
 
 from __future__ import annotations
@@ -112,6 +112,10 @@ class MessagesAPI:
             raise RequestError(400, "Field required: messages", "messages")
         if need_max_tokens and parsed.max_tokens is None:
             raise RequestError(400, "Field required: max_tokens", "max_tokens")
+        if parsed.max_tokens is not None and parsed.max_tokens < 1:
+            raise RequestError(
+                400, f"max_tokens must be at least 1, got {parsed.max_tokens}.", "max_tokens"
+            )
         if parsed.model is not None and parsed.model != self.engine.spec.model_name:
             raise RequestError(404, f"The model `{parsed.model}` does not exist.", "model")
         return parsed
