@@ -102,6 +102,8 @@ def vllm_env(cpu: str) -> dict[str, str]:
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
         "VLLM_HOST_IP": "127.0.0.1",
         "VLLM_NO_USAGE_STATS": "1",
+        # The Responses API stores responses (previous_response_id, retrieve) only with this.
+        "VLLM_ENABLE_RESPONSES_API_STORE": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
