@@ -145,11 +145,11 @@ class MessagesAPI:
         try:
             parsed = self._parse(body, need_max_tokens=True)
             prompt = tokenize_messages(anthropic_messages(parsed), "messages")
+            if engine.faults.state.hang:  # before the submit, as for chat
+                return await engine._hang(request)
             gen = admit(engine, prompt, Sampling(max_tokens=parsed.max_tokens), "msg_")
         except RequestError as exc:
             return self._err(exc.status, exc.message, exc.param)
-        if engine.faults.state.hang:
-            return await engine._hang(request)
         try:
             if parsed.stream:
                 return await self._stream(request, gen)

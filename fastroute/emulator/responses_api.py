@@ -173,11 +173,11 @@ class ResponsesAPI:
                 history = previous.conversation
             conversation = history + input_messages(parsed)
             prompt = tokenize_messages(conversation, "input")
+            if engine.faults.state.hang:  # before the submit, as for chat
+                return await engine._hang(request)
             gen = admit(engine, prompt, Sampling(max_tokens=parsed.max_output_tokens), "resp_")
         except RequestError as exc:
             return self._err(exc.status, exc.message, exc.param)
-        if engine.faults.state.hang:
-            return await engine._hang(request)
         call = _Call(self, parsed, gen, conversation)
         try:
             if parsed.stream:

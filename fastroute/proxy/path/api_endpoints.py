@@ -47,6 +47,7 @@ __all__ = [
     "MessagesEndpoint",
     "build_api_endpoints",
     "pinned_index",
+    "response_key",
     "PIN_REASON",
 ]
 
@@ -61,6 +62,11 @@ class _ResponseId(msgspec.Struct):
 
 
 _id_decoder = msgspec.json.Decoder(_ResponseId)
+
+
+def response_key(response_id: str) -> int:
+    """The map key of a response id: its xxh3-64 hash (0, the empty entry, moved to 1)."""
+    return key_hash(response_id) or 1
 
 
 def pinned_index(fleet: Fleet, engine: int, model: str, mask: np.ndarray) -> int | None:
@@ -115,7 +121,7 @@ class _ResponsesCall:
         if not isinstance(parsed, ResponsesChat) or not parsed.previous_response_id:
             return decision
         assert fleet is not None
-        engine = self.responses.get(key_hash(parsed.previous_response_id))
+        engine = self.responses.get(response_key(parsed.previous_response_id))
         if engine is None:
             return decision
         index = pinned_index(fleet, engine, state.model, mask)
@@ -139,7 +145,7 @@ class _ResponsesCall:
             except msgspec.DecodeError:
                 response_id = None
         if response_id:
-            self.responses.put(key_hash(response_id), engine_id(record.attempts[-1].engine))
+            self.responses.put(response_key(response_id), engine_id(record.attempts[-1].engine))
 
 
 class _AnthropicSink:

@@ -1,11 +1,12 @@
 """The inference request path (docs/design.md §3), one request at a time.
 
 ``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` run, in
-order: body limit (413) → minimal parse (400) → classify (tenant by API key, residency
-zones, priority, model → class row; unknown model 404) → sticky shed (429) →
-admission guard (429) → routing key → pick (the class's policy over a per-request
-:class:`~fastroute.proxy.path.fleet_views.RequestView`, top-k ranking) → forward the original
-body bytes → relay the response (SSE chunk by chunk) → record.
+order (``/v1/responses`` and ``/v1/messages`` too, routed like chat with the hooks of
+:mod:`fastroute.proxy.path.api_endpoints`): body limit (413) → minimal parse (400) →
+classify (tenant by API key, residency zones, priority, model → class row; unknown
+model 404) → sticky shed (429) → admission guard (429) → routing key → pick (the
+class's policy over a per-request :class:`~fastroute.proxy.path.fleet_views.RequestView`,
+top-k ranking) → forward the original body bytes → relay the response (SSE chunk by chunk) → record.
 
 Failures: an attempt that fails before any byte reached the client (connect error,
 timeout, a status in ``retry.retry_on_status``) is retried once on the next ranked
@@ -99,7 +100,7 @@ class Incoming(Protocol):
 
     @property
     def path(self) -> str:
-        """The request path (one of the three inference endpoints)."""
+        """The request path (one of ``routes.INFERENCE_PATHS``)."""
 
     @property
     def headers(self) -> Mapping[str, str]:
@@ -185,7 +186,7 @@ def new_request_id() -> str:
 
 
 class InferenceHandler:
-    """The handlers of the three inference endpoints over one :class:`ProxyContext`.
+    """The handlers of the inference endpoints over one :class:`ProxyContext`.
 
     Everything per class that does not change per request is built here: the
     classifier's tenant and zone tables, the header verdict caches, and one routing

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastroute.hashing import key_hash
 from fastroute.proxy.http.openai_errors import error_reply
 from fastroute.proxy.http.reply import Reply
 from fastroute.proxy.http.upstream import UpstreamError
+from fastroute.proxy.path.api_endpoints import response_key
 from fastroute.proxy.path.headers import HeaderRelay
 from fastroute.proxy.path.relay import scrub_error
 
@@ -109,7 +109,7 @@ class StoredResponses:
             return routed
         response_id, send_method = routed
         assert ctx.responses is not None and ctx.upstream is not None
-        engine_id = ctx.responses.get(key_hash(response_id))
+        engine_id = ctx.responses.get(response_key(response_id))
         fleet = ctx.fleet
         hits = (
             np.flatnonzero(fleet.engine_ids == np.uint64(engine_id))
