@@ -358,7 +358,7 @@ class ProxyApp:
                 return _done(not_allowed(method, path, ("GET", "HEAD")))
             return _done(get_reply(self._current.ctx, path, request.headers, remote))
         if is_stored_response_path(path):
-            return self._current.handler.stored.serve(request, method, rid)
+            return self._stored(request, method, rid)
         return _done(unknown_url(method, path))
 
     async def _infer(self, request: ServedRequest, kind: str, sink: Sink, rid: str) -> Reply:
@@ -367,6 +367,17 @@ class ProxyApp:
         gen.active += 1
         try:
             return await gen.handler.handle(request, kind, request.body, sink, rid)
+        finally:
+            gen.active -= 1
+            if gen.active == 0:
+                gen.idle.set()
+
+    async def _stored(self, request: ServedRequest, method: str, rid: str) -> Reply:
+        """A stored-response route on the generation in force, counted in its ``active``."""
+        gen = self._current
+        gen.active += 1
+        try:
+            return await gen.handler.stored.serve(request, method, rid)
         finally:
             gen.active -= 1
             if gen.active == 0:
