@@ -242,11 +242,14 @@ def decode_report(data: bytes) -> Report:
 
 
 def completion_tokens_of(body: bytes) -> int:
-    """``usage.completion_tokens`` of an OpenAI JSON response, found without parsing it.
+    """``usage.completion_tokens`` of an OpenAI JSON response, found without parsing it
+    (``usage.output_tokens`` of a Responses or Anthropic Messages answer).
 
     Returns 0 when the body does not carry it.
     """
     i = body.rfind(b'"completion_tokens"')
+    if i < 0:
+        i = body.rfind(b'"output_tokens"')
     if i < 0:
         return 0
     j = body.find(b":", i) + 1

@@ -155,3 +155,13 @@ def test_completion_tokens_of_reads_usage() -> None:
     assert completion_tokens_of(body) == 42
     assert completion_tokens_of(b'{"data":[]}') == 0
     assert completion_tokens_of(b'{"completion_tokens":') == 0
+
+
+def test_completion_tokens_of_reads_responses_and_messages_usage() -> None:
+    """The Responses and Anthropic answers name their output count ``output_tokens``."""
+    responses = (
+        b'{"id":"resp_1","usage":{"input_tokens":9,"output_tokens":7,'
+        b'"output_tokens_details":{"reasoning_tokens":0},"total_tokens":16}}'
+    )
+    assert completion_tokens_of(responses) == 7
+    assert completion_tokens_of(b'{"usage":{"input_tokens":3,"output_tokens":5}}') == 5
