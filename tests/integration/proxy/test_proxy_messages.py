@@ -115,17 +115,29 @@ def test_messages_errors_are_anthropic_shaped(h: Harness) -> None:
     h.run(main())
 
 
-def test_messages_at_cap_is_a_rate_limit_error(h: Harness) -> None:
-    """The only engine at its ``max_concurrency``: a second request waits
-    ``admission.max_wait_s``, then gets 429 as Anthropic's ``rate_limit_error``."""
+#: A second request in flight is refused: the engine at its cap, or no admission slot.
+_LIMITS = {
+    "at_cap": ("[admission]\nmax_wait_s = 0.3\n", "max_concurrency = 1\n", "concurrency limit"),
+    "admission": (
+        "[admission]\nmax_wait_s = 0.3\nmax_queue_len = 1\n[limits]\nmax_concurrent_requests = 1\n",
+        "",
+        "overloaded",
+    ),
+}
+
+
+@pytest.mark.parametrize("limit", sorted(_LIMITS))
+def test_messages_over_a_limit_is_a_rate_limit_error(h: Harness, limit: str) -> None:
+    """The only engine at its ``max_concurrency``, or the proxy's only admission slot
+    taken: a second request waits ``admission.max_wait_s``, then gets 429 as Anthropic's
+    ``rate_limit_error``."""
+    extra, engine_line, says = _LIMITS[limit]
 
     async def main() -> None:
         specs = fleet_specs(1, model_name=MODEL, profile="h100")
         async with EmulatedFleet(specs) as fleet:
-            toml = config_toml(fleet.urls, extra="[admission]\nmax_wait_s = 0.3\n")
-            toml = toml.replace(
-                "capacity_rps = 10.0\n", "capacity_rps = 10.0\nmax_concurrency = 1\n"
-            )
+            toml = config_toml(fleet.urls, extra=extra)
+            toml = toml.replace("capacity_rps = 10.0\n", "capacity_rps = 10.0\n" + engine_line)
             async with serve_proxy(decode_config(toml, source="t.toml")) as (app, url, _):
                 await fleet[0].set_faults(slowdown=HOLD)
                 client = _client(url)
@@ -140,6 +152,7 @@ def test_messages_at_cap_is_a_rate_limit_error(h: Harness) -> None:
                         client.messages.create, model=MODEL, max_tokens=2, messages=_user("next")
                     )
                 _assert_anthropic_error(err.value, 429, "rate_limit_error")
+                assert says in err.value.body["error"]["message"]
                 assert int(err.value.response.headers["Retry-After"]) >= 1
                 await fleet[0].clear_faults()
                 assert (await held).content[0].text
