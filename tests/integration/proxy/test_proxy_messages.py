@@ -14,6 +14,9 @@ from proxy_harness import MODEL, Harness, config_toml, decision_record, serve_pr
 
 from fastroute.config import decode_config
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
+from fastroute.hashing import engine_id
+from fastroute.proxy.path.fleet import class_key
+from fastroute.tables import TableWriter
 
 pytestmark = pytest.mark.integration
 
@@ -222,5 +225,27 @@ def test_messages_x_api_key_is_the_tenant_key(h: Harness) -> None:
                     messages=_user("x"),
                 )
             _assert_anthropic_error(err.value, 401, "authentication_error")
+
+    h.run(main())
+
+
+def test_messages_no_engine_is_an_overloaded_error(h: Harness, shm_name: str) -> None:
+    """No eligible engine (the weight table gives the class none): the proxy's 503 as
+    Anthropic's ``overloaded_error``."""
+
+    async def main() -> None:
+        key = class_key("local", MODEL, "default")
+        with TableWriter(shm_name, max_engines=8, max_classes=8) as writer:
+            writer.publish([engine_id("engine-0")], [[0.0]], class_keys=[key])
+            async with h.proxy_stack(1, table_name=shm_name) as st:
+                with pytest.raises(anthropic.InternalServerError) as err:
+                    await asyncio.to_thread(
+                        _client(st.url).messages.create,
+                        model=MODEL,
+                        max_tokens=2,
+                        messages=_user("x"),
+                    )
+                _assert_anthropic_error(err.value, 503, "overloaded_error")
+            writer.unlink()
 
     h.run(main())
