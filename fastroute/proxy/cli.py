@@ -47,11 +47,12 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from fastroute.config import ConfigError, load_config
+    from fastroute.discovery.merge import load_effective_config
     from fastroute.errors import TableError
     from fastroute.policy import PolicyConfigError
 
-    try:
-        config = load_config(args.config)
+    try:  # a worker serves the merged fleet; the supervisor merges on its own
+        config = (load_effective_config if args.worker is not None else load_config)(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) -> int:
     import asyncio
     import gc
+    import os
     import signal
     import sys
 
@@ -126,6 +128,9 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
         except PolicyConfigError as exc:
             print(f"{args.config}: {exc}", file=sys.stderr)
             return 1
+        if args.supervisor_pid is not None:  # a fleet change reloads every worker, via it
+            supervisor_pid = args.supervisor_pid
+            app.fleet_admin.apply = lambda: os.kill(supervisor_pid, signal.SIGHUP)
 
         async def serve() -> None:
             loop = asyncio.get_running_loop()

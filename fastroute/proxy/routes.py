@@ -124,6 +124,7 @@ def _is_loopback(remote: str | None) -> bool:
 
 
 def _admin_allowed(ctx: ProxyContext, headers: Mapping[str, str], remote: str | None) -> bool:
+    """Loopback, or the ``proxy.admin_token`` bearer token (every admin route)."""
     token = ctx.config.proxy.admin_token
     if token is not None:
         given = headers.get("Authorization", "")
@@ -147,3 +148,7 @@ def _decision_reply(
             code="decision_not_found",
         )
     return Reply(200, [("Content-Type", "application/json")], record.to_json())
+
+
+#: The access rule of every admin route (decision records, the fleet admin API).
+admin_allowed = _admin_allowed
