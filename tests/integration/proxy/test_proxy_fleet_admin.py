@@ -13,23 +13,19 @@ from typing import Any
 
 import aiohttp
 import pytest
+import test_proxy_workers as workers
 from proxy_harness import MODEL, Harness, chat_body, config_toml
-from test_proxy_workers import (  # noqa: F401 - fixtures
-    HOLD,
-    Stream,
-    engines,
-    fresh_session,
-    open_stream,
-    shm,
-    spawn,
-    wait_workers,
-)
+from test_proxy_workers import HOLD, Stream, engines, fresh_session, open_stream, wait_workers
 
 from fastroute.hashing import engine_id
 from fastroute.tables.stats import StatsBlock
 from fastroute.testing.dns import DnsTestServer
 
 pytestmark = pytest.mark.integration
+
+# The process-tree fixtures of the workers tests (a ``fastroute serve`` per test).
+shm = workers.shm
+spawn = workers.spawn
 
 #: Requests tried before giving up on seeing an engine from every worker.
 MAX_PROBES = 200
