@@ -12,6 +12,12 @@ close at once, ``/health`` turns 503, in-flight requests (streams included) get
 ``proxy.drain_timeout_s`` to finish; SIGHUP reloads the config in every worker without
 closing the listeners (:meth:`fastroute.proxy.proxy_app.ProxyApp.reload`).
 
+Engines join and leave without a config edit through the fleet admin API
+(:mod:`fastroute.proxy.admin_engines`) and ``[[discovery]]`` (DNS, resolved by the
+supervisor): both write the engines state file next to the config, and every worker serves
+the merged fleet (:func:`fastroute.discovery.merge.load_effective_config`), at start and on
+every reload.
+
 ``--worker INDEX --supervisor-pid PID --stats-name NAME`` (internal) runs one worker.
 """
 
@@ -70,9 +76,12 @@ def run(args: argparse.Namespace) -> int:
     try:  # fail here, once, rather than in every worker
         from fastroute.proxy.path.handler import build_policies
 
-        build_policies(config)
+        build_policies(load_effective_config(args.config))  # the state file must merge too
     except PolicyConfigError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
         return 1
 
     from fastroute.proxy.supervisor import Supervisor, config_path_of

@@ -3,24 +3,30 @@
 The supervisor (the process systemd or the user starts):
 
 1. creates the host's shared-memory :class:`~fastroute.tables.StatsBlock`
-   (``proxy.stats_name``; one slot per configured engine, config order) — only here,
-   only at start. If another live proxy owns that name (e.g. an old instance still
-   draining), it warns and uses ``{stats_name}-{pid}`` instead, rather than refuse to
-   start or take over the other proxy's block;
+   (``proxy.stats_name``; one slot per engine of the merged fleet — config, engines
+   state file, discovered — with room for ``proxy.max_engines``) — only here, only at
+   start; engines that join later get the next free slot before the workers reload
+   (slots are by engine id and never reused, so stable across reloads). If another
+   live proxy owns that name (e.g. an old instance still draining), it warns and uses
+   ``{stats_name}-{pid}`` instead, rather than refuse to start or take over the other
+   proxy's block;
 2. reserves the listen address with a bound, non-listening ``SO_REUSEPORT`` socket (so
    port 0 resolves to one port for every worker, and the port stays ours while a
    worker restarts);
 3. starts N workers, ``python -m fastroute serve --worker ...`` (fork + exec through
    :mod:`subprocess`: nothing of the supervisor's state leaks into them), each
    binding the same address with ``SO_REUSEPORT``;
-4. forwards SIGHUP (reload) to the workers; on SIGTERM/SIGINT forwards SIGTERM (drain)
-   and waits ``proxy.drain_timeout_s`` + :data:`KILL_GRACE_S` before killing
-   stragglers;
-5. restarts a worker that exits unexpectedly, after a backoff (:data:`RESTART_BACKOFF_S`
+4. resolves the ``[[discovery]]`` names (:class:`~fastroute.discovery.runner.DiscoveryRunner`,
+   a thread; once per host, not per worker) into the engines state file and signals
+   itself SIGHUP when a set changed; the fleet admin API of a worker signals it too;
+5. on SIGHUP gives engines that joined a stats slot, then forwards SIGHUP (reload) to
+   the workers; on SIGTERM/SIGINT forwards SIGTERM (drain) and waits
+   ``proxy.drain_timeout_s`` + :data:`KILL_GRACE_S` before killing stragglers;
+6. restarts a worker that exits unexpectedly, after a backoff (:data:`RESTART_BACKOFF_S`
    doubling up to :data:`MAX_RESTART_BACKOFF_S`), at most :data:`MAX_RESTARTS` times in
    :data:`RESTART_WINDOW_S` — beyond that it shuts everything down and exits 1;
-6. unlinks the stats block at exit;
-7. tells systemd (``Type=notify``, :mod:`fastroute.systemd`) READY=1 once every worker
+7. unlinks the stats block at exit;
+8. tells systemd (``Type=notify``, :mod:`fastroute.systemd`) READY=1 once every worker
    listens, RELOADING=1/READY=1 around a SIGHUP, STOPPING=1 when the drain starts.
 
 Workers die with the supervisor: they set ``PR_SET_PDEATHSIG = SIGTERM`` (drain) at
