@@ -30,7 +30,8 @@ __all__ = ["ResolveError", "resolve", "query", "parse_nameserver", "DNS_PORT", "
 DNS_PORT = 53
 #: Where the system's nameservers are listed.
 RESOLV_CONF = Path("/etc/resolv.conf")
-#: Largest UDP answer read (EDNS0-size; a truncated answer is used as far as it goes).
+#: The EDNS0 UDP buffer queries advertise, bytes (a larger answer arrives truncated and is
+#: used as far as it goes: no TCP fallback).
 _MAX_UDP_BYTES = 4096
 
 
@@ -82,6 +83,7 @@ async def query(server: tuple[str, int], qname: str, qtype: str, timeout_s: floa
 
     request = dnslib.DNSRecord.question(qname, qtype)
     request.header.id = random.randrange(1 << 16)
+    request.add_ar(dnslib.EDNS0(udp_len=_MAX_UDP_BYTES))  # answers beyond 512 bytes over UDP
     loop = asyncio.get_running_loop()
     try:
         transport, proto = await loop.create_datagram_endpoint(

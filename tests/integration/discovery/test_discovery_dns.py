@@ -103,3 +103,11 @@ def test_runner_thread_resolves_on_its_schedule_and_stops(tmp_path: Path) -> Non
             runner.stop()
         assert dns.queries >= 3
     assert read_state(state).discovery["pool"].addresses == (Address("10.0.0.1", 8000),)
+
+
+def test_answers_beyond_512_bytes_arrive_whole_over_edns0() -> None:
+    addresses = [f"10.0.{i // 250}.{i % 250 + 1}" for i in range(100)]  # ≈ 1.6 kB of answers
+    with DnsTestServer() as dns:
+        dns.set_a("pool.test", addresses)
+        found = asyncio.run(resolve(discovery(dns.nameserver, port=8000)))
+    assert {a.host for a in found} == set(addresses)
