@@ -79,7 +79,12 @@ async def query(server: tuple[str, int], qname: str, qtype: str, timeout_s: floa
     ResolveError
         Timeout, network error, a malformed answer, or an rcode other than NOERROR.
     """
-    import dnslib
+    try:
+        import dnslib
+    except ImportError as exc:  # a test extra, not a core dependency
+        raise ResolveError(
+            f"{qname} {qtype}: SRV records and an explicit nameserver need the dnslib package"
+        ) from exc
 
     request = dnslib.DNSRecord.question(qname, qtype)
     request.header.id = random.randrange(1 << 16)

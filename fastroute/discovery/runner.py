@@ -118,7 +118,10 @@ class DiscoveryRunner:
     async def _follow(self, disc: DiscoveryConfig) -> None:
         assert self._stop is not None
         while not self._stop.is_set():
-            await self.resolve_once(disc)
+            try:
+                await self.resolve_once(disc)
+            except Exception:  # a bug must not end discovery for the proxy's lifetime
+                logger.exception("discovery %r: resolution failed unexpectedly", disc.name)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), disc.interval_s)
 

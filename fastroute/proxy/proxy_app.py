@@ -425,7 +425,7 @@ class ProxyApp:
 
 
 def _warn_restart_only(old: Config, new: Config) -> None:
-    for field_name in ("host", "port", "workers", "stats_name"):
+    for field_name in ("host", "port", "workers", "stats_name", "max_engines"):
         if getattr(old.proxy, field_name) != getattr(new.proxy, field_name):
             logger.warning(
                 "proxy.%s changed: takes effect only after a restart, not on reload", field_name

@@ -215,3 +215,50 @@ def test_dns_discovery_adds_drains_and_survives_resolution_failures(h: Harness, 
                     assert "SERVFAIL" in body["discovery"][0]["last_error"]
 
     h.run(main(), timeout=90.0)
+
+
+def test_in_process_app_without_supervisor_reloads_itself_and_checks_access(
+    h: Harness, tmp_path: Path
+) -> None:
+    """A ProxyApp built from a config file (no supervisor): a change reloads the app itself;
+    off loopback only the admin token opens the API."""
+    from fastroute.config import load_config
+    from fastroute.proxy.proxy_app import ProxyApp
+    from fastroute.testing.servers import serve_proxy_app
+
+    async def main() -> None:
+        async with engines(2) as fleet:
+            config_path = tmp_path / "fastroute.toml"
+            token = "t" * 20
+            config_path.write_text(
+                config_toml(fleet.urls[:1], ROUND_ROBIN).replace(
+                    "[proxy]\n", f'[proxy]\nadmin_token = "{token}"\n'
+                )
+            )
+            app = ProxyApp(load_config(config_path), config_path=config_path)
+            async with serve_proxy_app(app) as (url, _server), fresh_session() as s:
+                api = url + "/admin/engines"
+                added = {"name": "added-1", "url": fleet.urls[1], "models": [MODEL]}
+                assert (await admin(s, "POST", api, added))[0] == 201
+                await h.wait_until(
+                    lambda: "added-1" in {e.name for e in app.context.config.engines},
+                    timeout=5.0,
+                )
+                assert "added-1" in await engines_served(s, url, 6)
+                status, _ = await admin(s, "PUT", api)
+                assert status == 405
+                status, _ = await admin(s, "GET", api + "/added-1")
+                assert status == 405  # an engine's path takes DELETE only
+                # Access off loopback (the front end passes the client address): the token only.
+                off_host = "192.0.2.7"
+                bearer = {"Authorization": f"Bearer {token}"}
+                wrong = {"Authorization": "Bearer " + "x" * 20}
+                reply = app.fleet_admin.reply
+                assert (await reply("GET", "/admin/engines", None, {}, off_host)).status == 403
+                assert (await reply("GET", "/admin/engines", None, wrong, off_host)).status == 403
+                assert (await reply("GET", "/admin/engines", None, bearer, off_host)).status == 200
+                refused = await reply("DELETE", "/admin/engines/added-1", None, {}, off_host)
+                assert refused.status == 403
+                assert "added-1" in {e.name for e in app.context.config.engines}
+
+    h.run(main(), timeout=60.0)
