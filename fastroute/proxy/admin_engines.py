@@ -38,7 +38,7 @@ from urllib.parse import unquote
 import msgspec
 
 from fastroute.config import Config, ConfigError, EngineConfig, decode_engine, load_config
-from fastroute.discovery.merge import MergedFleet, merge_fleet
+from fastroute.discovery.merge import FleetEntry, MergedFleet, merge_fleet
 from fastroute.discovery.state_file import (
     DiscoveryStatus,
     EngineState,
@@ -81,11 +81,15 @@ def _json(data: object, status: int = 200) -> Reply:
 def _entry_json(merged: MergedFleet, name: str, in_force: set[str]) -> dict[str, Any]:
     entry = merged.entry(name)
     assert entry is not None
+    return _as_json(entry, in_force)
+
+
+def _as_json(entry: FleetEntry, in_force: set[str]) -> dict[str, Any]:
     data = msgspec.to_builtins(entry.engine)
     data.pop("api_key", None)  # a secret: never echoed
     data["source"] = entry.source
     data["state"] = "draining" if entry.draining else "active"
-    data["in_force"] = name in in_force
+    data["in_force"] = entry.engine.name in in_force
     return data
 
 
@@ -192,7 +196,7 @@ class FleetAdmin:
         return {
             "worker_pid": os.getpid(),
             "state_file": source,
-            "engines": [_entry_json(merged, e.engine.name, in_force) for e in merged.entries],
+            "engines": [_as_json(e, in_force) for e in merged.entries],
             "discovery": discovery,
         }
 

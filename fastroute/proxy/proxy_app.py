@@ -371,7 +371,8 @@ class ProxyApp:
         Parameters
         ----------
         config : Config, optional
-            The new configuration; default: re-read the app's ``config_path``.
+            The new configuration; default: re-read the app's ``config_path`` merged with
+            its engines state file (admin API and discovered engines).
 
         Returns
         -------

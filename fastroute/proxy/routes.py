@@ -18,6 +18,8 @@ Routes
 ``GET /admin/decisions/{request_id}``
     The full decision record; only from loopback or with ``proxy.admin_token`` as a
     bearer token.
+``/admin/engines`` and below
+    The fleet admin API, same access rule: :mod:`fastroute.proxy.admin_engines`.
 
 Unknown routes and wrong methods get OpenAI-shaped 404/405 errors.
 """
