@@ -35,10 +35,12 @@ from typing import Protocol
 
 from prometheus_client import Counter
 
-from fastroute.config import Config, ConfigError, load_config
+from fastroute.config import Config, ConfigError
+from fastroute.discovery.merge import load_effective_config
 from fastroute.guards.admission import QueueDelayGuard
 from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import PolicyConfigError
+from fastroute.proxy.admin_engines import FleetAdmin, is_admin_engines_path
 from fastroute.proxy.background.signal_tasks import SignalTasks, install_signal_tasks
 from fastroute.proxy.background.table_watch import TableWatcher
 from fastroute.proxy.http.reply import Reply, Sink
@@ -216,12 +218,17 @@ class ProxyApp:
         The host's shared per-engine stats block (supervised workers). Without it,
         in-flight counts, totals and EWMAs are private to this process.
     config_path : str or Path, optional
-        The file ``config`` came from; :meth:`reload` without a config re-reads it.
+        The file ``config`` came from; :meth:`reload` without a config re-reads it
+        (with its engines state file, :func:`fastroute.discovery.merge.load_effective_config`),
+        and the fleet admin API (:mod:`fastroute.proxy.admin_engines`) writes next to it.
 
     Attributes
     ----------
     signals : SignalTasks
         The signal-path components (puller, reporter, scraper, calibration pull).
+    fleet_admin : FleetAdmin
+        The fleet admin API; its ``apply`` (default: reload this app) is what a change
+        triggers (``fastroute serve`` workers signal their supervisor instead).
 
     Raises
     ------
@@ -256,11 +263,13 @@ class ProxyApp:
             registry=ctx.metrics.registry,
         )
         self._retiring: set[asyncio.Task[None]] = set()
+        self._fleet_reloads: set[asyncio.Task[bool]] = set()
         self._reload_lock = asyncio.Lock()
         self._stopped = False
         self.signals: SignalTasks = install_signal_tasks(
             ctx, config, table_name=table_name, current_context=lambda: self.context
         )
+        self.fleet_admin = FleetAdmin(self._config_path, lambda: self.context, self._reload_soon)
 
     @property
     def context(self) -> ProxyContext:
@@ -331,6 +340,8 @@ class ProxyApp:
             if method != "POST":
                 return _done(not_allowed(method, path, ("POST",)))
             return self._infer(request, kind, sink, rid)
+        if is_admin_engines_path(path):
+            return self.fleet_admin.reply(method, path, request.body, request.headers, remote)
         if is_get_path(path):
             if method not in ("GET", "HEAD"):
                 return _done(not_allowed(method, path, ("GET", "HEAD")))
@@ -360,7 +371,8 @@ class ProxyApp:
         Parameters
         ----------
         config : Config, optional
-            The new configuration; default: re-read the app's ``config_path``.
+            The new configuration; default: re-read the app's ``config_path`` merged with
+            its engines state file (admin API and discovered engines).
 
         Returns
         -------
@@ -374,7 +386,9 @@ class ProxyApp:
                 if config is None:
                     if self._config_path is None:
                         raise ConfigError("this proxy was not started from a config file")
-                    config = load_config(self._config_path)
+                    config = load_effective_config(self._config_path)
+                if self._stats_block is not None:
+                    self._stats_block.refresh()  # slots the supervisor gave new engines
                 ctx = build_context(config, self._stats_block, old.ctx)
             except (ConfigError, PolicyConfigError, OSError) as exc:
                 self._reloads.labels("error").inc()
@@ -396,6 +410,12 @@ class ProxyApp:
             )
             return True
 
+    def _reload_soon(self) -> None:
+        """Reload from the files in the background (a fleet admin change, no supervisor)."""
+        task = asyncio.create_task(self.reload(), name="fastroute-fleet-reload")
+        self._fleet_reloads.add(task)
+        task.add_done_callback(self._fleet_reloads.discard)
+
     def _retire(self, old: _Generation) -> None:
         """Close ``old`` in the background once its requests are done (bounded)."""
         old.retired = True
@@ -406,7 +426,7 @@ class ProxyApp:
 
 
 def _warn_restart_only(old: Config, new: Config) -> None:
-    for field_name in ("host", "port", "workers", "stats_name"):
+    for field_name in ("host", "port", "workers", "stats_name", "max_engines"):
         if getattr(old.proxy, field_name) != getattr(new.proxy, field_name):
             logger.warning(
                 "proxy.%s changed: takes effect only after a restart, not on reload", field_name

@@ -18,6 +18,8 @@ Routes
 ``GET /admin/decisions/{request_id}``
     The full decision record; only from loopback or with ``proxy.admin_token`` as a
     bearer token.
+``/admin/engines`` and below
+    The fleet admin API, same access rule: :mod:`fastroute.proxy.admin_engines`.
 
 Unknown routes and wrong methods get OpenAI-shaped 404/405 errors.
 """
@@ -124,6 +126,7 @@ def _is_loopback(remote: str | None) -> bool:
 
 
 def _admin_allowed(ctx: ProxyContext, headers: Mapping[str, str], remote: str | None) -> bool:
+    """Loopback, or the ``proxy.admin_token`` bearer token (every admin route)."""
     token = ctx.config.proxy.admin_token
     if token is not None:
         given = headers.get("Authorization", "")
@@ -147,3 +150,7 @@ def _decision_reply(
             code="decision_not_found",
         )
     return Reply(200, [("Content-Type", "application/json")], record.to_json())
+
+
+#: The access rule of every admin route (decision records, the fleet admin API).
+admin_allowed = _admin_allowed
