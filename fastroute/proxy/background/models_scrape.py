@@ -1,7 +1,8 @@
 """What the engines serve, from their own ``GET /v1/models``: the proxy's model list.
 
 :class:`ModelsScraper` asks every configured engine's ``/v1/models`` every
-``proxy.models_scrape_interval_s`` (all engines at once, at most
+``proxy.models_scrape_interval_s``, the first time :data:`FIRST_ROUND_DELAY_S` after start
+(all engines at once, at most
 :data:`MAX_CONCURRENT_SCRAPES`, each bounded by ``proxy.scrape_timeout_s`` and
 :data:`MAX_MODELS_BYTES`) and keeps each engine's answer in a :class:`ModelCatalog`. The
 catalog answers ``GET /v1/models``: the union of the engines' model cards (``id``,
@@ -43,6 +44,7 @@ __all__ = [
     "MAX_MODELS_BYTES",
     "MAX_CONCURRENT_SCRAPES",
     "FALLBACK_OWNER",
+    "FIRST_ROUND_DELAY_S",
 ]
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,9 @@ logger = logging.getLogger(__name__)
 MAX_MODELS_BYTES = 1024 * 1024
 #: Engines asked at once.
 MAX_CONCURRENT_SCRAPES = 16
+#: Seconds from a worker's start to its first round: the config's list serves meanwhile, and
+#: the engines are not asked while the fleet is still starting (or being set up by a test).
+FIRST_ROUND_DELAY_S = 1.0
 #: ``owned_by`` of a model card taken from the config (no engine answered for it).
 FALLBACK_OWNER = "fastroute"
 
@@ -187,7 +192,9 @@ class ModelsScraper:
         """One round over the config's engines; returns the unserved models."""
         config = self._config()
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            # One request per engine per round, seconds apart: no idle keep-alive connections
+            # left open on the engines between rounds.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         sem = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
         timeout_s = config.proxy.scrape_timeout_s
         await asyncio.gather(*(self._ask(e, sem, timeout_s) for e in config.engines))
@@ -195,8 +202,10 @@ class ModelsScraper:
         return self.catalog.note_unserved(config)
 
     async def run(self) -> None:
-        """Scrape every ``proxy.models_scrape_interval_s`` until cancelled."""
+        """Scrape every ``proxy.models_scrape_interval_s`` (the first round after
+        :data:`FIRST_ROUND_DELAY_S`) until cancelled."""
         try:
+            await asyncio.sleep(FIRST_ROUND_DELAY_S)
             while True:
                 started = time.monotonic()
                 await self.scrape_once()
