@@ -15,7 +15,7 @@ import openai
 import pytest
 import yarl
 from aiohttp import web
-from proxy_harness import Harness, decision_record, serve_proxy
+from proxy_harness import Harness, decision_record, pd_stack, serve_proxy
 
 from fastroute.config import decode_config
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
@@ -386,5 +386,21 @@ def test_ping_version_load(h: Harness) -> None:
                 async with s.get(st.url + path) as r:
                     assert r.status == 404
                     assert (await r.json())["error"]["code"] == "not_routed"
+
+    h.run(main())
+
+
+def test_a_pd_models_endpoint_requests_go_to_its_decode_pool(h: Harness) -> None:
+    """A P/D model's tokenizer and rerank calls are whole requests on a decode engine."""
+
+    async def main() -> None:
+        async with pd_stack() as (_, _ctx, url), aiohttp.ClientSession() as s:
+            for path in ("/tokenize", "/rerank"):
+                body = {"model": h.MODEL, **JSON_BODIES[path]}
+                async with s.post(url + path, json=body) as r:
+                    assert r.status == 200, await r.text()
+                    assert r.headers["x-fastroute-engine"].startswith("decode-")
+                    record = await decision_record(s, url, r.headers["x-request-id"])
+                assert [a["stage"] for a in record["attempts"]] == [None]
 
     h.run(main())
