@@ -154,6 +154,10 @@ DEFAULT_ZONE = "default"
 Name = Annotated[
     str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 ]
+#: A path the proxy may pass through to engines: ``/v1/...``, exact, or a prefix ending in ``/``.
+PassthroughPath = Annotated[
+    str, msgspec.Meta(min_length=4, max_length=256, pattern=r"^/v1/[A-Za-z0-9._~/-]*$")
+]
 #: A served model name as clients send it (no whitespace, no ``*``).
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\s*]+$")]
 #: A model name in a class: a served model name, or ``*`` for every model.
@@ -615,12 +619,18 @@ class LimitsConfig(_Section):
     ----------
     max_body_bytes : int
         Largest request body, bytes; larger bodies get 413.
+    max_audio_body_bytes : int
+        Largest multipart body of ``/v1/audio/transcriptions`` and ``/v1/audio/translations``,
+        bytes (they are not held to ``max_body_bytes``); larger bodies get 413
+        ``request_too_large``. The default leaves room for vLLM's 25 MB audio file limit plus
+        the form's other fields.
     max_concurrent_requests : int
         Requests in flight per proxy worker process; beyond it requests queue for
         admission (``admission.max_queue_len``).
     """
 
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 8 * 1024 * 1024
+    max_audio_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 32 * 1024 * 1024
     max_concurrent_requests: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 4096
 
 
@@ -678,6 +688,13 @@ class ProxyConfig(_Section):
         Slots of the shared stats block, created at start: the configured engines plus
         headroom for engines added later (admin API, DNS discovery). An engine beyond
         it still routes, with per-worker instead of shared counters (logged).
+    passthrough_paths : array of strings
+        ``POST`` paths under ``/v1/`` the proxy has no route of its own for but passes
+        through to an engine of the body's ``model`` (least-loaded): exact paths, or prefixes
+        ending in ``/``. Empty (the default): such paths get 404.
+    models_scrape_interval_s : float
+        How often each worker asks every engine's ``GET /v1/models`` (what ``GET /v1/models``
+        and ``/ready`` report), seconds.
     """
 
     host: Host = "127.0.0.1"
@@ -699,6 +716,8 @@ class ProxyConfig(_Section):
     scrape_timeout_s: PositiveSeconds = 0.5
     drain_timeout_s: PositiveSeconds = 30.0
     max_engines: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATS_ENGINES)] = DEFAULT_MAX_ENGINES
+    passthrough_paths: Annotated[tuple[PassthroughPath, ...], msgspec.Meta(max_length=256)] = ()
+    models_scrape_interval_s: PositiveSeconds = 15.0
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ __all__ = [
     "count_text_tokens",
     "tokenize_text",
     "tokenize_ids",
+    "text_token_ids",
+    "token_ids_text",
     "render_chat",
 ]
 
@@ -103,6 +105,31 @@ def tokenize_text(text: str) -> TokenizedPrompt:
         blocks = (padded[i * _BLOCK_BYTES : (i + 1) * _BLOCK_BYTES] for i in range(num_full))
         return TokenizedPrompt(num_tokens, _chain(blocks))
     return TokenizedPrompt(num_tokens, ())
+
+
+def text_token_ids(text: str) -> list[int]:
+    """The token ids of ``text``: each 4-byte chunk of its UTF-8 as a little-endian
+    ``uint32``, the last chunk zero-padded (so ``tokenize_ids(text_token_ids(t))`` hashes
+    like ``tokenize_text(t)`` and has ``count_text_tokens(t)`` tokens)."""
+    data = text.encode("utf-8")
+    n = -(-len(data) // BYTES_PER_TOKEN)
+    return list(struct.unpack(f"<{n}I", data.ljust(n * BYTES_PER_TOKEN, b"\0")))
+
+
+def token_ids_text(token_ids: Sequence[int]) -> str:
+    """The text of token ids from :func:`text_token_ids` (the padding dropped; bytes that
+    are not UTF-8 become U+FFFD).
+
+    Raises
+    ------
+    ValueError
+        If an id is not an integer in ``[0, 2**32)``.
+    """
+    for tok in token_ids:
+        if type(tok) is not int or not 0 <= tok <= _MAX_TOKEN_ID:
+            raise ValueError(f"token ids must be integers in [0, {_MAX_TOKEN_ID}], got {tok!r}")
+    data = struct.pack(f"<{len(token_ids)}I", *token_ids)
+    return data.rstrip(b"\0").decode("utf-8", "replace")
 
 
 def tokenize_ids(token_ids: Sequence[int]) -> TokenizedPrompt:

@@ -14,7 +14,12 @@ Endpoints (per engine)
     ``max_completion_tokens``, ``min_tokens``, ``ignore_eos``, ``n = 1``, vLLM's
     ``kv_transfer_params`` (disaggregated prefill/decode), and for ``kind = "sglang"``
     P/D engines SGLang's ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room``.
-``GET /v1/models``, ``GET /health`` (503 while loading or draining), ``GET /metrics``.
+``GET /v1/models`` (the model with its ``max_model_len``, then each of
+``EngineSpec.lora_adapters`` with the model as ``parent``), ``GET /health`` (503 while
+loading or draining), ``GET /metrics``.
+``POST /tokenize``, ``/detokenize``, ``/pooling``, ``/classify``, ``/score`` (+ ``/v1/``),
+``/rerank`` (+ ``/v1/``, ``/v2/``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``:
+    vLLM 0.32's shapes, answered at once (:mod:`fastroute.emulator.extra_api`).
 ``GET|POST|DELETE /admin/fault`` (loopback only): see :mod:`fastroute.emulator.faults`.
 ``POST /internal/kv_transfer/claim`` (loopback only): a decode engine in another
     process claims KV held by this (prefill) engine.
@@ -45,6 +50,7 @@ import msgspec
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from fastroute.emulator.bootstrap import DEFAULT_BOOTSTRAP_TIMEOUT_S, BootstrapRooms, RoomFailed
+from fastroute.emulator.extra_api import add_extra_routes
 from fastroute.emulator.faults import FaultController, FaultState, FaultUpdate
 from fastroute.emulator.metrics import EngineMetrics
 from fastroute.emulator.model import (
@@ -172,6 +178,9 @@ class EngineSpec:
     bootstrap_timeout_s : float
         ``kind = "sglang"``, ``role = "decode"``: how long a request waits for the prefill of
         its ``bootstrap_room`` before it fails (500).
+    lora_adapters : tuple of str
+        LoRA adapter names the engine lists in ``/v1/models`` (``parent``: ``model_name``) and
+        accepts as ``model`` on the endpoints of :mod:`fastroute.emulator.extra_api`.
     """
 
     name: str = "engine-0"
@@ -196,6 +205,7 @@ class EngineSpec:
     reasoning_tokens: int = 0
     bootstrap_port: int = 0
     bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S
+    lora_adapters: tuple[str, ...] = ()
 
 
 class TokenChannel:
@@ -503,6 +513,7 @@ class EmulatedEngine:
         app.router.add_delete("/admin/fault", self._delete_fault)
         app.router.add_post("/internal/kv_transfer/claim", self._claim_endpoint)
         app.router.add_post("/bootstrap/claim", self._bootstrap_endpoint)
+        add_extra_routes(app, self)
         return app
 
     def _error(self, status: int, message: str, param: str | None = None) -> web.Response:
@@ -542,7 +553,11 @@ class EmulatedEngine:
             "parent": None,
             "max_model_len": self.model.max_model_len,
         }
-        return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)
+        adapters = [
+            {**card, "id": lora, "root": f"/adapters/{lora}", "parent": name}
+            for lora in self.spec.lora_adapters
+        ]
+        return web.json_response({"object": "list", "data": [card, *adapters]}, dumps=_dumps)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         delay = self.faults.state.metrics_delay_s

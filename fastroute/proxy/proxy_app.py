@@ -48,11 +48,19 @@ from fastroute.proxy.http.upstream import UpstreamPool
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.path.admission import AdmissionQueue
 from fastroute.proxy.path.decisions import DecisionLog
+from fastroute.proxy.path.endpoint_handler import EndpointHandler
+from fastroute.proxy.path.endpoints import endpoint_for
 from fastroute.proxy.path.fleet import Fleet, FleetState
 from fastroute.proxy.path.handler import Incoming, InferenceHandler, ProxyContext, build_policies
 from fastroute.proxy.path.marginal_setup import install_marginal
 from fastroute.proxy.path.pd import PDPools
-from fastroute.proxy.routes import INFERENCE_PATHS, get_reply, is_get_path, not_allowed, unknown_url
+from fastroute.proxy.routes import (
+    INFERENCE_PATHS,
+    get_reply,
+    is_get_path,
+    not_allowed,
+    other_reply,
+)
 from fastroute.tables.stats import StatsBlock
 
 __all__ = ["ProxyApp", "ServedRequest", "build_context", "TABLE_POLL_INTERVAL_S"]
@@ -82,6 +90,7 @@ class _Generation:
     ctx: ProxyContext
     handler: InferenceHandler
     watcher: TableWatcher
+    endpoints: EndpointHandler
     task: asyncio.Task[None] | None = None
     active: int = 0
     retired: bool = False
@@ -141,6 +150,7 @@ def build_context(
     if aggregator is not None:
         ctx.aggregator = aggregator  # the signal path's counters outlive reloads
     ctx.scraper = getattr(previous, "scraper", None)
+    ctx.models = getattr(previous, "models", None)
     install_marginal(ctx, previous)
     return ctx
 
@@ -176,7 +186,9 @@ def _new_generation(ctx: ProxyContext, table_name: str) -> _Generation:
     watcher = TableWatcher(
         ctx.fleet, table_name, interval_s=TABLE_POLL_INTERVAL_S, on_change=on_change
     )
-    return _Generation(ctx=ctx, handler=InferenceHandler(ctx), watcher=watcher)
+    return _Generation(
+        ctx=ctx, handler=InferenceHandler(ctx), watcher=watcher, endpoints=EndpointHandler(ctx)
+    )
 
 
 def _start_generation(gen: _Generation) -> None:
@@ -346,7 +358,21 @@ class ProxyApp:
             if method not in ("GET", "HEAD"):
                 return _done(not_allowed(method, path, ("GET", "HEAD")))
             return _done(get_reply(self._current.ctx, path, request.headers, remote))
-        return _done(unknown_url(method, path))
+        return self._other(request, remote, sink, rid)
+
+    def _other(
+        self, request: ServedRequest, remote: str | None, sink: Sink, rid: str
+    ) -> Awaitable[Reply]:
+        """The engine endpoints and pass-through paths (``POST``), else the routes the
+        proxy answers itself (``/ping``...) or 404."""
+        method, path = request.method, request.path
+        ctx = self._current.ctx
+        endpoint = endpoint_for(path, ctx.config)
+        if endpoint is not None:
+            if method != "POST":
+                return _done(not_allowed(method, path, ("POST",)))
+            return self._infer_endpoint(request, endpoint.kind, sink, rid)
+        return _done(other_reply(ctx, method, path))
 
     async def _infer(self, request: ServedRequest, kind: str, sink: Sink, rid: str) -> Reply:
         """Run the request path of the generation in force, counted in its ``active``."""
@@ -354,6 +380,19 @@ class ProxyApp:
         gen.active += 1
         try:
             return await gen.handler.handle(request, kind, request.body, sink, rid)
+        finally:
+            gen.active -= 1
+            if gen.active == 0:
+                gen.idle.set()
+
+    async def _infer_endpoint(
+        self, request: ServedRequest, kind: str, sink: Sink, rid: str
+    ) -> Reply:
+        """:meth:`_infer` for the engine endpoints (their own handler)."""
+        gen = self._current
+        gen.active += 1
+        try:
+            return await gen.endpoints.handle(request, kind, request.body, sink, rid)
         finally:
             gen.active -= 1
             if gen.active == 0:

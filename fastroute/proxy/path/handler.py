@@ -131,6 +131,10 @@ class ProxyContext:
     scraper : EngineScraper or None
         The proxy's own engine scraper (``proxy.scrape_engines``), set by
         ``install_signal_tasks``; the ``marginal-cost`` engine load merges its scrapes.
+    models : ModelCatalog or None
+        What the engines' own ``GET /v1/models`` report
+        (:mod:`fastroute.proxy.background.models_scrape`), set by ``install_signal_tasks``;
+        None: the config's model list is all there is.
     """
 
     config: Config
@@ -144,6 +148,7 @@ class ProxyContext:
     pd: PDPools | None = None
     aggregator: DemandAggregator | None = None
     scraper: Any = None
+    models: Any = None
     ready: bool = False
     draining: bool = False
 
@@ -180,6 +185,9 @@ class InferenceHandler:
     classifier's tenant and zone tables, the header verdict caches, and one routing
     strategy per policy name (and per policy name and P/D pair).
     """
+
+    #: Kinds never served disaggregated (P/D), even for a P/D model.
+    whole_only_kinds: frozenset[str] = frozenset({"embeddings"})
 
     def __init__(self, ctx: ProxyContext) -> None:
         self.ctx = ctx
@@ -344,7 +352,7 @@ class InferenceHandler:
         forward; P/D models go to their two stages."""
         ctx, config = self.ctx, self.config
         pd = ctx.pd
-        if pd is not None and state.kind != "embeddings" and state.model in pd.models:
+        if pd is not None and state.kind not in self.whole_only_kinds and state.model in pd.models:
             return await self._pd.forward(state)
         loop = state.loop
         strategy = state.strategy
