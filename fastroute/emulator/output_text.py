@@ -79,7 +79,10 @@ def continued_output(prompt: str, seed_of: Callable[[str], int]) -> OutputText:
 
     The prompt is split where the longest run of trailing tokens is exactly the start
     of what ``seed_of(the prompt before it)`` generates; the output then continues that
-    one. Without such a run it is ``seed_of(prompt)``'s from its first token.
+    one. Without such a run it is ``seed_of(prompt)``'s from its first token. (A word
+    names only ``seed mod len(WORDS)``, so about one in ``len(WORDS)`` prompts that end
+    in a vocabulary word reads as a continuation by chance; its output is as
+    deterministic, only from a later token.)
     """
     starts = _trailing_run(prompt)
     for n_words in range(len(starts), max(len(starts) - MAX_SPLIT_CANDIDATES, 0), -1):
