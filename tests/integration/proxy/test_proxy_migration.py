@@ -349,3 +349,27 @@ def test_requests_that_cannot_be_continued(h: Harness, field: str, value: Any, w
             assert record["not_migrated"] == why
 
     h.run(main())
+
+
+def test_a_continuation_refused_before_its_first_byte_moves_on(h: Harness) -> None:
+    """The runner-up refuses connections: that continuation fails before its first byte
+    and counts as a migration; the third engine finishes the stream."""
+
+    async def main() -> None:
+        async with h.proxy_stack(3, extra="\n[retry]\nmax_migrations = 2\n") as st:
+            sid = "sid-refused"
+            order = ranking(st, sid, 3)
+            reference = await stream(st, "chat", body_of("chat"), sid)
+            await st.fleet[order[0]].set_faults(crash_after_tokens=FAIL_AFTER)
+            await st.fleet[order[1]].set_faults(refuse_connections=True)
+            got = await stream(st, "chat", body_of("chat"), sid)
+            assert_whole(got, reference, "chat")
+            record = await record_of(st, got.request_id)
+            assert [a["engine"] for a in record["attempts"]] == [f"engine-{i}" for i in order]
+            assert record["attempts"][1]["outcome"] == "connect_error"
+            assert [s["engine"] for s in record["segments"]] == [
+                f"engine-{order[0]}",
+                f"engine-{order[2]}",
+            ]
+
+    h.run(main())
