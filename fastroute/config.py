@@ -457,6 +457,10 @@ class ClassConfig(_Section):
     policy : str, optional
         Routing policy for this class, one of the names of ``policy.default``; unset
         means ``policy.default``.
+    migrate : bool
+        A stream whose engine fails after tokens reached the client continues on the
+        next ranked engine (``retry.max_migrations``; docs/failure-handling.md); false
+        ends it with an SSE error event instead.
     """
 
     name: Name
@@ -465,6 +469,7 @@ class ClassConfig(_Section):
     ttft_slo_s: PositiveSeconds = 2.0
     tbot_slo_s: PositiveSeconds = 0.1
     policy: PolicyName | None = None
+    migrate: bool = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,11 +512,16 @@ class PolicyConfig(_Section):
     params: dict[str, dict[str, bool | int | float | str]] = {}
 
 
+#: Highest ``retry.max_migrations``: each migration re-sends the prompt and the text so far.
+MAX_MIGRATIONS_BOUND = 4
+
+
 class RetryConfig(_Section):
     """Retry budget (Finagle-style token bucket; docs/algorithms.md §3).
 
     Retries happen only before the first byte reaches the client, to the next
-    candidate of the ranking, never to the same engine.
+    candidate of the ranking, never to the same engine; after it, a failed stream may
+    be migrated (``max_migrations``).
 
     Attributes
     ----------
@@ -529,6 +539,14 @@ class RetryConfig(_Section):
     retry_on_status : array of integers
         Upstream HTTP statuses (received before any byte went to the client) that may
         be retried; connection failures and timeouts before the first byte always may.
+    max_migrations : int
+        Mid-stream migrations per request: a chat or completions stream whose engine
+        fails after tokens reached the client continues on the next ranked engine
+        (docs/failure-handling.md). Each one also takes a retry from the budget; 0
+        disables migration.
+    max_migration_text_bytes : int
+        Most bytes of a stream the proxy keeps to continue it elsewhere; a longer
+        stream that breaks is not migrated (it ends with an SSE error event).
     """
 
     ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
@@ -536,6 +554,8 @@ class RetryConfig(_Section):
     ttl_s: PositiveSeconds = 10.0
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=1)] = 1
     retry_on_status: tuple[HttpStatus, ...] = (429, 500, 502, 503, 504)
+    max_migrations: Annotated[int, msgspec.Meta(ge=0, le=MAX_MIGRATIONS_BOUND)] = 1
+    max_migration_text_bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 1 << 20
 
 
 class EjectionConfig(_Section):

@@ -168,18 +168,28 @@ def _content_text(content: object) -> str:
     raise ValueError("message content must be a string or a list of content parts")
 
 
-def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
+def render_chat(
+    messages: Sequence[Mapping[str, object]],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
     """Render chat messages to prompt text with the Llama-3-style template.
 
     Parameters
     ----------
     messages : sequence of mappings
         OpenAI chat messages (``role``, ``content``).
+    add_generation_prompt : bool
+        End with the assistant header (the generation prompt).
+    continue_final_message : bool
+        Leave the last message open (no end-of-turn): the model continues it (vLLM's
+        ``continue_final_message``).
 
     Returns
     -------
     str
-        The prompt, ending with the assistant header (generation prompt).
+        The prompt, ending with the assistant header (generation prompt) unless told not to.
 
     Raises
     ------
@@ -194,5 +204,8 @@ def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
             f"<|start_header_id|>{message['role']}<|end_header_id|>\n\n"
             f"{_content_text(message.get('content'))}<|eot_id|>"
         )
-    parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    if continue_final_message and messages:
+        parts[-1] = parts[-1].removesuffix("<|eot_id|>")
+    if add_generation_prompt:
+        parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
     return "".join(parts)

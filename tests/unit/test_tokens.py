@@ -77,6 +77,15 @@ def test_chat_template_renders_roles_and_generation_prompt():
     )
 
 
+def test_chat_template_continues_the_final_message():
+    """``continue_final_message`` leaves the last turn open and adds no generation prompt:
+    the prompt is the whole one plus the partial reply, so its blocks are shared."""
+    messages = [{"role": "user", "content": "hi"}]
+    partial = [*messages, {"role": "assistant", "content": " the of"}]
+    text = render_chat(partial, add_generation_prompt=False, continue_final_message=True)
+    assert text == render_chat(messages) + " the of"
+
+
 def test_chat_template_rejects_malformed_messages():
     """A message without a string role is a ValueError (the server's 400)."""
     with pytest.raises(ValueError):

@@ -22,6 +22,7 @@ from fastroute.proxy.path.requests import ParsedRequest
 
 if TYPE_CHECKING:
     from fastroute.proxy.path.fleet import Fleet
+    from fastroute.proxy.path.migration import Migration
     from fastroute.proxy.path.strategy import RoutingStrategy
 
 __all__ = ["RequestState"]
@@ -78,6 +79,8 @@ class RequestState:
     strip_usage : bool
         ``body`` asks for the stream's usage event on the client's behalf (it did not):
         the relay measures it and does not pass it on.
+    migration : Migration or None
+        The stream's mid-stream migration state (None: it is never migrated).
     """
 
     request: Any
@@ -105,3 +108,4 @@ class RequestState:
     deadline: float = 0.0
     unenforced: Decision | None = None
     strip_usage: bool = False
+    migration: Migration | None = None
