@@ -13,6 +13,11 @@ logged (file and JSON path) and counted in ``fastroute_controller_config_reloads
 (``controller.host`` / ``controller.port``, unless given on the command line) or table name is
 logged as needing a restart and the old value kept. ``READY=1`` follows in every case, with a
 ``STATUS=`` that says how the reload went. Signals arriving during a reload coalesce into one more.
+
+The fleet is the proxy's: the config's engines merged with the engines state file
+(``<config>.engines.json``: admin API engines, drain marks, DNS-discovered engines;
+:func:`fastroute.discovery.merge.load_effective_config`). A change of that file triggers the
+same reload (checked every :data:`ENGINES_STATE_POLL_S`).
 """
 
 from __future__ import annotations
@@ -22,13 +27,18 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import asyncio
+
     from aiohttp import web
 
     from controller.options import ControllerOptions
     from fastroute.config import Config
     from fastroute.systemd import Notifier
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run", "ENGINES_STATE_POLL_S"]
+
+#: How often the controller checks the engines state file for a fleet change, seconds.
+ENGINES_STATE_POLL_S = 1.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,13 +72,14 @@ def run(args: argparse.Namespace) -> int:
     import uvloop
 
     from controller.options import ControllerOptions
-    from fastroute.config import ConfigError, load_config
+    from fastroute.config import ConfigError
+    from fastroute.discovery.merge import load_effective_config
     from fastroute.errors import TableError
     from fastroute.systemd import Notifier
 
     sd = Notifier.from_env()  # READY=1 once serving and the first period ended (systemd)
     try:
-        config = load_config(args.config)
+        config = load_effective_config(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -142,6 +153,7 @@ async def _serve(
                     await _reload(app, args, (host, port), sd)
 
         reloader = loop.create_task(reloads(), name="controller-reloads")
+        watcher = loop.create_task(_watch_engines_state(args.config, hup), name="engines-state")
         await stop.wait()
         log.info("controller stopping")
         sd.stopping("controller stopping")
@@ -151,11 +163,31 @@ async def _serve(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(reload_lock.acquire(), limit_s)
         reloader.cancel()
+        watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reloader
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
         await runner.cleanup()
+
+
+async def _watch_engines_state(config_path: str, hup: asyncio.Event) -> None:
+    """Reload (as SIGHUP does) whenever the engines state file changes: the proxy's admin
+    API and DNS discovery write it, and the controller plans over the same merged fleet."""
+    import asyncio
+
+    from fastroute.discovery.state_file import state_path_of, state_signature
+
+    path = state_path_of(config_path)
+    seen = state_signature(path)
+    while True:
+        await asyncio.sleep(ENGINES_STATE_POLL_S)
+        now = state_signature(path)
+        if now != seen:
+            seen = now
+            hup.set()
 
 
 async def _reload(
@@ -170,7 +202,8 @@ async def _reload(
     import msgspec
 
     from controller.app import SERVICE
-    from fastroute.config import ConfigError, load_config
+    from fastroute.config import ConfigError
+    from fastroute.discovery.merge import load_effective_config
 
     log = logging.getLogger("controller")
     svc = app[SERVICE]
@@ -178,7 +211,7 @@ async def _reload(
     sd.reloading("reloading the config")
     log.info("SIGHUP: reloading %s", args.config)
     try:
-        config = load_config(args.config)
+        config = load_effective_config(args.config)
         host, port = listening
         restart: list[str] = []
         new_host = args.host if args.host is not None else config.controller.host

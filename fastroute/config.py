@@ -42,7 +42,7 @@ import sys
 import tomllib
 import types
 import typing
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -54,6 +54,7 @@ from fastroute.hardware import PROFILES
 
 __all__ = [
     "ConfigError",
+    "decode_engine",
     "Priority",
     "PolicyName",
     "Role",
@@ -69,6 +70,10 @@ __all__ = [
     "RegionConfig",
     "NetworkConfig",
     "EngineConfig",
+    "DiscoveryConfig",
+    "DEFAULT_MAX_ENGINES",
+    "DEFAULT_DISCOVERY_INTERVAL_S",
+    "DEFAULT_DISCOVERY_TIMEOUT_S",
     "TenantConfig",
     "ClassConfig",
     "PolicyConfig",
@@ -126,6 +131,19 @@ PDProtocol = Literal["nixl", "bootstrap"]
 #: SGLang's default ``--disaggregation-bootstrap-port`` of a prefill server.
 DEFAULT_BOOTSTRAP_PORT = 8998
 
+#: Default slots of the shared stats block (``proxy.max_engines``): engines added at run
+#: time (admin API, discovery) get a slot while there is one.
+DEFAULT_MAX_ENGINES = 256
+#: Upper bound of ``proxy.max_engines`` (64 bytes a slot: 4 MiB).
+MAX_STATS_ENGINES = 65536
+#: Default re-resolution interval of a ``[[discovery]]`` name, seconds.
+DEFAULT_DISCOVERY_INTERVAL_S = 10.0
+#: Default timeout of one DNS resolution, seconds.
+DEFAULT_DISCOVERY_TIMEOUT_S = 2.0
+#: Record types a ``[[discovery]]`` section resolves: ``A`` (A and AAAA, with ``port``) or
+#: ``SRV`` (host and port from the record).
+DiscoveryRecord = Literal["A", "SRV"]
+
 #: The built-in hardware profiles' names (:data:`fastroute.hardware.PROFILES`).
 DEFAULT_HARDWARE_CLASSES: tuple[str, ...] = tuple(PROFILES)
 
@@ -135,6 +153,10 @@ DEFAULT_ZONE = "default"
 #: Identifiers: engine, region, zone, tenant, class and hardware names.
 Name = Annotated[
     str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+]
+#: A path the proxy may pass through to engines: ``/v1/...``, exact, or a prefix ending in ``/``.
+PassthroughPath = Annotated[
+    str, msgspec.Meta(min_length=4, max_length=256, pattern=r"^/v1/[A-Za-z0-9._~/-]*$")
 ]
 #: A served model name as clients send it (no whitespace, no ``*``).
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\s*]+$")]
@@ -296,6 +318,76 @@ class EngineConfig(_Section):
     bootstrap_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
 
 
+class DiscoveryConfig(_Section):
+    """Engines found in DNS: a ``[[discovery]]`` table, one model's engines behind one name.
+
+    Every address the name resolves to is an engine, named ``{name}/{host}:{port}``, with
+    the engine fields below; the name is re-resolved every ``interval_s``. Engines that
+    disappear are drained (requests in flight finish); a failed resolution keeps the last
+    set (logged, counted). One process per host resolves (the ``fastroute serve``
+    supervisor) and shares the result through the engines state file.
+
+    Attributes
+    ----------
+    name : str
+        Name of this discovery, unique; the prefix of its engines' names.
+    dns_name : str
+        The DNS name to resolve, e.g. a Kubernetes headless service
+        ``vllm.inference.svc.cluster.local`` (or ``_http._tcp.vllm...`` for SRV).
+    models : array of strings
+        Model names the discovered engines serve; at least one.
+    record : {"A", "SRV"}
+        ``A``: the A and AAAA records, each an engine on ``port``; ``SRV``: each SRV
+        record's target and port.
+    port : int, optional
+        The engines' port for ``record = "A"`` (required there; SRV records carry theirs).
+    scheme : {"http", "https"}
+        URL scheme of the engines.
+    nameserver : str, optional
+        ``host:port`` of the DNS server to ask (e.g. ``"127.0.0.1:5353"``), over UDP.
+        Unset: the system resolver for A/AAAA, the first ``nameserver`` of
+        ``/etc/resolv.conf`` for SRV.
+    interval_s : float
+        Re-resolution interval, seconds.
+    timeout_s : float
+        Timeout of one resolution, seconds; less than ``interval_s``.
+    region : str
+        Region of the discovered engines; must be declared in ``[[network.regions]]``.
+    zone : str, optional
+        Residency zone; defaults to the region's zone.
+    hardware : str
+        Hardware class of the discovered engines; one of ``hardware_classes``.
+    role : {"both", "prefill", "decode"}
+        Role of the discovered engines.
+    capacity_rps : float
+        Nominal capacity of each discovered engine, requests per second.
+    max_concurrency : int, optional
+        Per-worker cap on requests in flight to each discovered engine.
+    api_key : str, optional
+        Bearer token the proxy sends to the discovered engines.
+    kind : {"vllm", "sglang", "llamacpp", "openai"}
+        The discovered engines' software (their ``/metrics`` dialect).
+    """
+
+    name: Name
+    dns_name: Host
+    models: Annotated[tuple[ModelName, ...], msgspec.Meta(min_length=1)]
+    record: DiscoveryRecord = "A"
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
+    scheme: Literal["http", "https"] = "http"
+    nameserver: Annotated[str, msgspec.Meta(pattern=r"^[^\s/]+:[0-9]{1,5}$")] | None = None
+    interval_s: PositiveSeconds = DEFAULT_DISCOVERY_INTERVAL_S
+    timeout_s: PositiveSeconds = DEFAULT_DISCOVERY_TIMEOUT_S
+    region: Name = DEFAULT_REGION
+    zone: Name | None = None
+    hardware: Name = "a40"
+    role: Role = "both"
+    capacity_rps: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 10.0
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    api_key: ApiKey | None = None
+    kind: EngineKind = "vllm"
+
+
 def bootstrap_port_of(engine: EngineConfig) -> int:
     """The bootstrap port a decode engine reaches ``engine`` (an SGLang prefill engine) on."""
     return DEFAULT_BOOTSTRAP_PORT if engine.bootstrap_port is None else engine.bootstrap_port
@@ -365,6 +457,10 @@ class ClassConfig(_Section):
     policy : str, optional
         Routing policy for this class, one of the names of ``policy.default``; unset
         means ``policy.default``.
+    migrate : bool
+        A stream whose engine fails after tokens reached the client continues on the
+        next ranked engine (``retry.max_migrations``; docs/failure-handling.md); false
+        ends it with an SSE error event instead.
     """
 
     name: Name
@@ -373,6 +469,7 @@ class ClassConfig(_Section):
     ttft_slo_s: PositiveSeconds = 2.0
     tbot_slo_s: PositiveSeconds = 0.1
     policy: PolicyName | None = None
+    migrate: bool = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,11 +512,16 @@ class PolicyConfig(_Section):
     params: dict[str, dict[str, bool | int | float | str]] = {}
 
 
+#: Highest ``retry.max_migrations``: each migration re-sends the prompt and the text so far.
+MAX_MIGRATIONS_BOUND = 4
+
+
 class RetryConfig(_Section):
     """Retry budget (Finagle-style token bucket; docs/algorithms.md §3).
 
     Retries happen only before the first byte reaches the client, to the next
-    candidate of the ranking, never to the same engine.
+    candidate of the ranking, never to the same engine; after it, a failed stream may
+    be migrated (``max_migrations``).
 
     Attributes
     ----------
@@ -437,6 +539,14 @@ class RetryConfig(_Section):
     retry_on_status : array of integers
         Upstream HTTP statuses (received before any byte went to the client) that may
         be retried; connection failures and timeouts before the first byte always may.
+    max_migrations : int
+        Mid-stream migrations per request: a chat or completions stream whose engine
+        fails after tokens reached the client continues on the next ranked engine
+        (docs/failure-handling.md). Each one also takes a retry from the budget; 0
+        disables migration.
+    max_migration_text_bytes : int
+        Most bytes of a stream the proxy keeps to continue it elsewhere; a longer
+        stream that breaks is not migrated (it ends with an SSE error event).
     """
 
     ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
@@ -444,6 +554,8 @@ class RetryConfig(_Section):
     ttl_s: PositiveSeconds = 10.0
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=1)] = 1
     retry_on_status: tuple[HttpStatus, ...] = (429, 500, 502, 503, 504)
+    max_migrations: Annotated[int, msgspec.Meta(ge=0, le=MAX_MIGRATIONS_BOUND)] = 1
+    max_migration_text_bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 1 << 20
 
 
 class EjectionConfig(_Section):
@@ -527,12 +639,18 @@ class LimitsConfig(_Section):
     ----------
     max_body_bytes : int
         Largest request body, bytes; larger bodies get 413.
+    max_audio_body_bytes : int
+        Largest multipart body of ``/v1/audio/transcriptions`` and ``/v1/audio/translations``,
+        bytes (they are not held to ``max_body_bytes``); larger bodies get 413
+        ``request_too_large``. The default leaves room for vLLM's 25 MB audio file limit plus
+        the form's other fields.
     max_concurrent_requests : int
         Requests in flight per proxy worker process; beyond it requests queue for
         admission (``admission.max_queue_len``).
     """
 
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 8 * 1024 * 1024
+    max_audio_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 32 * 1024 * 1024
     max_concurrent_requests: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 4096
 
 
@@ -591,6 +709,17 @@ class ProxyConfig(_Section):
         Timeout of one engine scrape, seconds; less than ``scrape_interval_s``.
     drain_timeout_s : float
         On SIGTERM or reload, how long in-flight requests may finish, seconds.
+    max_engines : int
+        Slots of the shared stats block, created at start: the configured engines plus
+        headroom for engines added later (admin API, DNS discovery). An engine beyond
+        it still routes, with per-worker instead of shared counters (logged).
+    passthrough_paths : array of strings
+        ``POST`` paths under ``/v1/`` the proxy has no route of its own for but passes
+        through to an engine of the body's ``model`` (least-loaded): exact paths, or prefixes
+        ending in ``/``. Empty (the default): such paths get 404.
+    models_scrape_interval_s : float
+        How often each worker asks every engine's ``GET /v1/models`` (what ``GET /v1/models``
+        and ``/ready`` report), seconds.
     """
 
     host: Host = "127.0.0.1"
@@ -612,6 +741,9 @@ class ProxyConfig(_Section):
     scrape_interval_s: PositiveSeconds = 1.0
     scrape_timeout_s: PositiveSeconds = 0.5
     drain_timeout_s: PositiveSeconds = 30.0
+    max_engines: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATS_ENGINES)] = DEFAULT_MAX_ENGINES
+    passthrough_paths: Annotated[tuple[PassthroughPath, ...], msgspec.Meta(max_length=256)] = ()
+    models_scrape_interval_s: PositiveSeconds = 15.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -774,6 +906,9 @@ class Config(_Section):
         The data plane process, ``[proxy]``.
     controller : table
         The control plane process, ``[controller]``.
+    discovery : array of tables
+        Engines found in DNS, ``[[discovery]]``; they join the ``[[engines]]`` (and the
+        engines added through the admin API) in the fleet in force.
     """
 
     engines: Annotated[tuple[EngineConfig, ...], msgspec.Meta(min_length=1)]
@@ -791,6 +926,7 @@ class Config(_Section):
     limits: LimitsConfig = LimitsConfig()
     proxy: ProxyConfig = ProxyConfig()
     controller: ControllerConfig = ControllerConfig()
+    discovery: tuple[DiscoveryConfig, ...] = ()
 
     def engine(self, name: str) -> EngineConfig:
         """Return the engine called ``name``; raise ``KeyError`` if there is none."""
@@ -917,6 +1053,26 @@ def decode_config(text: str | bytes, source: str = "<string>") -> Config:
         path, message = _explain_validation_error(str(exc))
         raise ConfigError(source, [(path, message)]) from exc
     return validate_config(config, source=source)
+
+
+def decode_engine(data: object, source: str = "<engine>") -> EngineConfig:
+    """Decode one ``[[engines]]`` entry from built-in types (a parsed JSON object).
+
+    Only the entry's own types and ranges are checked; the rules across the fleet
+    (unique names and addresses, known regions) are :func:`validate_config`'s.
+
+    Raises
+    ------
+    ConfigError
+        The entry is not an object of valid engine fields; the message names the field.
+    """
+    try:
+        return msgspec.convert(data, EngineConfig)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        match = _MSGSPEC_PATH.search(message)
+        path = match.group(1) if match else "$"
+        raise ConfigError(source, [(path, message[: match.start()] if match else message)]) from exc
 
 
 def validate_config(config: Config, source: str = "<config>") -> Config:
@@ -1093,6 +1249,38 @@ def _pd_kind_problems(config: Config) -> Iterator[tuple[str, str]]:
             )
 
 
+def _discovery_problems(
+    config: Config,
+    regions: list[str],
+    zones: list[str],
+    hardware: set[str],
+    unknown: Callable[[str, str, Sequence[str]], str],
+) -> Iterator[tuple[str, str]]:
+    """The ``[[discovery]]`` rules: unique names, a port for A records, known labels."""
+    seen: dict[str, int] = {}
+    for i, disc in enumerate(config.discovery):
+        at = f"$.discovery[{i}]"
+        if disc.name in seen:
+            yield (
+                f"{at}.name",
+                f"duplicate discovery name {disc.name!r} (also $.discovery[{seen[disc.name]}])",
+            )
+        seen.setdefault(disc.name, i)
+        if disc.record == "A" and disc.port is None:
+            yield f"{at}.port", "record 'A' needs the engines' port (SRV records carry theirs)"
+        if disc.timeout_s >= disc.interval_s:
+            yield (
+                f"{at}.timeout_s",
+                f"expected less than interval_s ({disc.interval_s} s), got {disc.timeout_s}",
+            )
+        if disc.region not in regions:
+            yield f"{at}.region", unknown("region", disc.region, regions)
+        if disc.zone is not None and disc.zone not in zones:
+            yield f"{at}.zone", unknown("zone (a region's zone)", disc.zone, zones)
+        if disc.hardware not in hardware:
+            yield f"{at}.hardware", unknown("hardware class", disc.hardware, list(hardware))
+
+
 def _cross_field_problems(config: Config) -> Iterator[tuple[str, str]]:
     """Yield ``(json_path, message)`` for every cross-field rule ``config`` breaks."""
     # Regions and zones.
@@ -1207,6 +1395,7 @@ def _cross_field_problems(config: Config) -> Iterator[tuple[str, str]]:
                 "'both' engine, so no request for it can complete",
             )
     yield from _pd_kind_problems(config)
+    yield from _discovery_problems(config, list(regions), zones, hardware, unknown)
 
     # Tenants.
     tenant_names: set[str] = set()

@@ -44,6 +44,8 @@ __all__ = [
     "count_text_tokens",
     "tokenize_text",
     "tokenize_ids",
+    "text_token_ids",
+    "token_ids_text",
     "render_chat",
 ]
 
@@ -105,6 +107,31 @@ def tokenize_text(text: str) -> TokenizedPrompt:
     return TokenizedPrompt(num_tokens, ())
 
 
+def text_token_ids(text: str) -> list[int]:
+    """The token ids of ``text``: each 4-byte chunk of its UTF-8 as a little-endian
+    ``uint32``, the last chunk zero-padded (so ``tokenize_ids(text_token_ids(t))`` hashes
+    like ``tokenize_text(t)`` and has ``count_text_tokens(t)`` tokens)."""
+    data = text.encode("utf-8")
+    n = -(-len(data) // BYTES_PER_TOKEN)
+    return list(struct.unpack(f"<{n}I", data.ljust(n * BYTES_PER_TOKEN, b"\0")))
+
+
+def token_ids_text(token_ids: Sequence[int]) -> str:
+    """The text of token ids from :func:`text_token_ids` (the padding dropped; bytes that
+    are not UTF-8 become U+FFFD).
+
+    Raises
+    ------
+    ValueError
+        If an id is not an integer in ``[0, 2**32)``.
+    """
+    for tok in token_ids:
+        if type(tok) is not int or not 0 <= tok <= _MAX_TOKEN_ID:
+            raise ValueError(f"token ids must be integers in [0, {_MAX_TOKEN_ID}], got {tok!r}")
+    data = struct.pack(f"<{len(token_ids)}I", *token_ids)
+    return data.rstrip(b"\0").decode("utf-8", "replace")
+
+
 def tokenize_ids(token_ids: Sequence[int]) -> TokenizedPrompt:
     """Hash a prompt given as token ids (each in ``[0, 2**32)``).
 
@@ -141,18 +168,28 @@ def _content_text(content: object) -> str:
     raise ValueError("message content must be a string or a list of content parts")
 
 
-def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
+def render_chat(
+    messages: Sequence[Mapping[str, object]],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
     """Render chat messages to prompt text with the Llama-3-style template.
 
     Parameters
     ----------
     messages : sequence of mappings
         OpenAI chat messages (``role``, ``content``).
+    add_generation_prompt : bool
+        End with the assistant header (the generation prompt).
+    continue_final_message : bool
+        Leave the last message open (no end-of-turn): the model continues it (vLLM's
+        ``continue_final_message``).
 
     Returns
     -------
     str
-        The prompt, ending with the assistant header (generation prompt).
+        The prompt, ending with the assistant header (generation prompt) unless told not to.
 
     Raises
     ------
@@ -167,5 +204,8 @@ def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
             f"<|start_header_id|>{message['role']}<|end_header_id|>\n\n"
             f"{_content_text(message.get('content'))}<|eot_id|>"
         )
-    parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    if continue_final_message and messages:
+        parts[-1] = parts[-1].removesuffix("<|eot_id|>")
+    if add_generation_prompt:
+        parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
     return "".join(parts)

@@ -16,7 +16,8 @@ to take its place in the picture before it can land. What the matrix says in wor
   they import) never imports the fake engines (``emulator``); only the emulator, the
   simulator, the fleet benchmark harness and the test helpers do (``demo`` goes through the
   harness);
-* ``controller`` imports only ``fastroute.{tables,signals,config,errors,hardware,hashing,systemd}``
+* ``controller`` imports only
+  ``fastroute.{tables,signals,config,discovery,errors,hardware,hashing,systemd}``
   (and may import ``policy`` and ``guards``), never ``proxy``;
 * the solver (``highspy``) is the controller's alone; the asyncio stack (``aiohttp``,
   ``uvloop``) stays out of the pure layers;
@@ -70,9 +71,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
             "fastroute.tokens",
         },
         "fastroute.loadgen": set(),
+        "fastroute.discovery": {"fastroute.config", "fastroute.errors"},
         "fastroute.proxy": {
             "fastroute._core",
             "fastroute.config",
+            "fastroute.discovery",
             "fastroute.errors",
             "fastroute.guards",
             "fastroute.hashing",
@@ -118,6 +121,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         },
         "controller": {
             "fastroute.config",
+            "fastroute.discovery",
             "fastroute.errors",
             "fastroute.guards",
             "fastroute.hardware",
@@ -179,6 +183,7 @@ NEVER: list[tuple[str, tuple[str, ...]]] = [
             "fastroute.signals",
             "fastroute.tables",
             "fastroute.config",
+            "fastroute.discovery",
             "fastroute.loadgen",
             "controller",
         )

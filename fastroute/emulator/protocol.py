@@ -109,6 +109,9 @@ class ChatCompletionRequest(_Common):
 
     messages: list[Any] | msgspec.UnsetType = msgspec.UNSET
     max_completion_tokens: int | None = None
+    #: vLLM/SGLang: continue the final (assistant) message instead of starting a new turn
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
 
 
 class CompletionRequest(_Common):
@@ -171,6 +174,19 @@ def decode_chat(body: bytes) -> ChatCompletionRequest:
                 "max_completion_tokens",
             )
         req.max_tokens = req.max_completion_tokens  # the newer name wins, as in vLLM
+    if req.continue_final_message and req.add_generation_prompt:
+        raise RequestError(
+            400,
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        )
+    if req.continue_final_message:
+        last = req.messages[-1]
+        if not isinstance(last, dict) or last.get("role") != "assistant":
+            raise RequestError(
+                400,
+                "continue_final_message needs a final message with the assistant role",
+                "messages",
+            )
     _check_common(req)
     return req
 

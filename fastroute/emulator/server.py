@@ -18,7 +18,12 @@ Endpoints (per engine)
     vLLM's Responses API (:mod:`fastroute.emulator.responses_api`).
 ``POST /v1/messages``, ``POST /v1/messages/count_tokens``
     vLLM's Anthropic Messages API (:mod:`fastroute.emulator.messages_api`).
-``GET /v1/models``, ``GET /health`` (503 while loading or draining), ``GET /metrics``.
+``GET /v1/models`` (the model with its ``max_model_len``, then each of
+``EngineSpec.lora_adapters`` with the model as ``parent``), ``GET /health`` (503 while
+loading or draining), ``GET /metrics``.
+``POST /tokenize``, ``/detokenize``, ``/pooling``, ``/classify``, ``/score`` (+ ``/v1/``),
+``/rerank`` (+ ``/v1/``, ``/v2/``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``:
+    vLLM 0.32's shapes, answered at once (:mod:`fastroute.emulator.extra_api`).
 ``GET|POST|DELETE /admin/fault`` (loopback only): see :mod:`fastroute.emulator.faults`.
 ``POST /internal/kv_transfer/claim`` (loopback only): a decode engine in another
     process claims KV held by this (prefill) engine.
@@ -49,6 +54,7 @@ import msgspec
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from fastroute.emulator.bootstrap import DEFAULT_BOOTSTRAP_TIMEOUT_S, BootstrapRooms, RoomFailed
+from fastroute.emulator.extra_api import add_extra_routes
 from fastroute.emulator.faults import FaultController, FaultState, FaultUpdate
 from fastroute.emulator.messages_api import MessagesAPI
 from fastroute.emulator.metrics import EngineMetrics
@@ -60,7 +66,7 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
-from fastroute.emulator.output_text import output_token_text
+from fastroute.emulator.output_text import OutputText, continued_output
 from fastroute.emulator.profiles import true_profile
 from fastroute.emulator.protocol import (
     SSE_DONE,
@@ -178,6 +184,9 @@ class EngineSpec:
     bootstrap_timeout_s : float
         ``kind = "sglang"``, ``role = "decode"``: how long a request waits for the prefill of
         its ``bootstrap_room`` before it fails (500).
+    lora_adapters : tuple of str
+        LoRA adapter names the engine lists in ``/v1/models`` (``parent``: ``model_name``) and
+        accepts as ``model`` on the endpoints of :mod:`fastroute.emulator.extra_api`.
     """
 
     name: str = "engine-0"
@@ -202,6 +211,7 @@ class EngineSpec:
     reasoning_tokens: int = 0
     bootstrap_port: int = 0
     bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S
+    lora_adapters: tuple[str, ...] = ()
 
 
 class TokenChannel:
@@ -514,6 +524,7 @@ class EmulatedEngine:
         app.router.add_post("/bootstrap/claim", self._bootstrap_endpoint)
         self.responses_api.install(app)
         self.messages_api.install(app)
+        add_extra_routes(app, self)
         return app
 
     def _error(self, status: int, message: str, param: str | None = None) -> web.Response:
@@ -553,7 +564,11 @@ class EmulatedEngine:
             "parent": None,
             "max_model_len": self.model.max_model_len,
         }
-        return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)
+        adapters = [
+            {**card, "id": lora, "root": f"/adapters/{lora}", "parent": name}
+            for lora in self.spec.lora_adapters
+        ]
+        return web.json_response({"object": "list", "data": [card, *adapters]}, dumps=_dumps)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         delay = self.faults.state.metrics_delay_s
@@ -815,12 +830,12 @@ class EmulatedEngine:
         self._last_submit_s = now
         self._wakeup.set()
         self._channels.add(channel)
-        output_seed = key_hash(response_id) & 0xFFFFFFFF
+        output = _output_text(parsed, chat)
         try:
             if parsed.stream:
-                reply = await self._stream(request, parsed, mreq, chat, response_id, output_seed)
+                reply = await self._stream(request, parsed, mreq, chat, response_id, output)
             else:
-                reply = await self._complete(request, parsed, mreq, chat, response_id, output_seed)
+                reply = await self._complete(request, parsed, mreq, chat, response_id, output)
             if room is not None and hold_kv and channel.finished:
                 self.rooms.held(room, response_id)  # the decode of this room may take the KV
             return reply
@@ -838,7 +853,13 @@ class EmulatedEngine:
     def _tokenize(self, parsed: Any, chat: bool) -> TokenizedPrompt:
         try:
             if chat:
-                return tokenize_text(render_chat(parsed.messages))
+                return tokenize_text(
+                    render_chat(
+                        parsed.messages,
+                        add_generation_prompt=parsed.add_generation_prompt,
+                        continue_final_message=parsed.continue_final_message,
+                    )
+                )
             assert isinstance(parsed, CompletionRequest)
             if isinstance(parsed.prompt, str):
                 return tokenize_text(parsed.prompt)
@@ -929,7 +950,7 @@ class EmulatedEngine:
             }
         }
 
-    def _token_text(self, output_seed: int, index: int, mreq: Request) -> str:
+    def _token_text(self, output: OutputText, index: int, mreq: Request) -> str:
         """Output token ``index``'s text; the end-of-sequence token of a ``stop`` is empty."""
         if (
             self.spec.final_empty_delta
@@ -937,7 +958,7 @@ class EmulatedEngine:
             and index == mreq.output_tokens - 1
         ):
             return ""
-        return output_token_text(output_seed, index)
+        return output.token(index)
 
     def _usage(self, mreq: Request, completion_tokens: int) -> dict[str, Any]:
         cached = mreq.num_cached_tokens if self.spec.prompt_tokens_details else None
@@ -957,7 +978,7 @@ class EmulatedEngine:
         mreq: Request,
         chat: bool,
         response_id: str,
-        output_seed: int,
+        output: OutputText,
     ) -> web.Response:
         channel: TokenChannel = mreq.data
         given = 0
@@ -972,8 +993,9 @@ class EmulatedEngine:
             given += channel.take()
             if channel.finished:
                 break
-        texts = [self._token_text(output_seed, i, mreq) for i in range(given)]
-        thinking = min(self.spec.reasoning_tokens, given) if chat else 0
+        texts = [self._token_text(output, i, mreq) for i in range(given)]
+        continuing = chat and parsed.continue_final_message
+        thinking = min(self.spec.reasoning_tokens, given) if chat and not continuing else 0
         text = "".join(texts[thinking:])
         choice: dict[str, Any] = {"index": 0}
         if chat:
@@ -1007,7 +1029,7 @@ class EmulatedEngine:
         mreq: Request,
         chat: bool,
         response_id: str,
-        output_seed: int,
+        output: OutputText,
     ) -> web.StreamResponse:
         channel: TokenChannel = mreq.data
         resp = web.StreamResponse(
@@ -1042,7 +1064,7 @@ class EmulatedEngine:
                     await resp.write(b"".join(parts))
                     await resp.write_eof()
                     return resp
-                events.add(self._token_text(output_seed, given, mreq), given, parts)
+                events.add(self._token_text(output, given, mreq), given, parts)
                 given += 1
             if parts:
                 await resp.write(b"".join(parts))
@@ -1053,6 +1075,29 @@ class EmulatedEngine:
         await resp.write(tail + SSE_DONE)
         await resp.write_eof()
         return resp
+
+
+def _output_seed(text: str) -> int:
+    return key_hash(text) & 0xFFFFFFFF
+
+
+def _output_text(parsed: Any, chat: bool) -> OutputText:
+    """The output of a request: seeded by its prompt, so the same request makes the same
+    text on every engine, and a continuation (a chat's partial final assistant turn with
+    ``continue_final_message``, a prompt that ends with an earlier output) goes on where
+    the partial output stopped: token ``i`` of it is token ``i`` + (words of the partial
+    output) of the uninterrupted output."""
+    if not chat:
+        prompt = parsed.prompt
+        if isinstance(prompt, str):
+            return continued_output(prompt, _output_seed)
+        return OutputText(_output_seed(msgspec.json.encode(prompt).decode()))
+    messages = parsed.messages
+    if not parsed.continue_final_message:
+        return OutputText(_output_seed(render_chat(messages)))
+    partial = messages[-1].get("content")
+    done = len(partial.split()) if isinstance(partial, str) else 0
+    return OutputText(_output_seed(render_chat(messages[:-1])), done)
 
 
 #: What a real vLLM says in-stream when its engine core dies.
@@ -1083,7 +1128,9 @@ class _StreamEvents:
         self.interval = parsed.stream_interval or engine.spec.stream_interval
         opts = parsed.stream_options
         self.continuous = bool(opts and opts.include_usage and opts.continuous_usage_stats)
-        self.thinking = engine.spec.reasoning_tokens if chat else 0
+        # a continued assistant turn is past its reasoning
+        continuing = chat and parsed.continue_final_message
+        self.thinking = engine.spec.reasoning_tokens if chat and not continuing else 0
         self.pending: list[str] = []
         self.pending_field = "content"
 

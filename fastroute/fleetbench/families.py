@@ -22,8 +22,6 @@ __all__ = ["family_rate_rps", "family_sessions_for", "describe_family", "saturat
 
 #: Requests sampled from the family to estimate an engine's saturation capacity.
 _CAPACITY_SHAPES = 384
-#: Completions counted in the saturation rate (the drain tail after it is excluded).
-_SATURATION_QUANTILE = 0.9
 
 
 def family_rate_rps(spec: BenchSpec) -> float:
@@ -71,13 +69,12 @@ def family_sessions_for(spec: BenchSpec) -> list[Session]:
 def saturation_capacity(spec: BenchSpec, profile: str) -> float:
     """One engine's saturation capacity on the family's requests, req/s, without prefix reuse.
 
-    The simulator's estimate (``fastroute.sim.capacity.saturation_capacity_rps``, the unit
-    of its ``target_load``; the layering keeps the benchmark from importing the simulator,
-    so the same few lines run here and a test checks both agree): request shapes sampled
-    from the family at its own ``rate_rps``, all at once, unique block hashes, through one
-    engine model; the completion rate up to the 90th-percentile completion.
+    The simulator's estimate (:func:`fastroute.emulator.saturation.saturation_capacity_rps`,
+    the unit of its ``target_load``) on request shapes sampled from the family at its own
+    ``rate_rps``.
     """
-    from fastroute.emulator.model import EngineConfig, EngineModel, Request, replay
+    from fastroute.emulator.model import EngineConfig
+    from fastroute.emulator.saturation import saturation_capacity_rps
     from fastroute.hardware import get_profile
     from fastroute.workload.family_gen import family_sessions
     from fastroute.workload.shapes import request_shapes
@@ -92,15 +89,4 @@ def saturation_capacity(spec: BenchSpec, profile: str) -> float:
         base_dir=spec.base_dir,
     )
     shapes = request_shapes(sample, _CAPACITY_SHAPES, seed=spec.seed)
-    model = EngineModel(get_profile(profile), EngineConfig(max_waiting=len(shapes)))
-    arrivals = []
-    for i, (prompt, out) in enumerate(shapes):
-        prompt = min(prompt, model.max_model_len - out - 1)
-        if prompt >= 1:
-            hashes = [hash((i, b)) & (2**63 - 1) for b in range(prompt // 16)]
-            arrivals.append((0.0, Request(f"cal-{i}", prompt, hashes, output_tokens=out)))
-    if not arrivals:
-        raise ValueError("no request shape fits the engine")
-    finish = sorted(r.finish_s for r in replay(model, arrivals) if r.finish_s is not None)
-    k = max(1, int(_SATURATION_QUANTILE * len(finish)))
-    return k / max(finish[k - 1], 1e-9)
+    return saturation_capacity_rps(get_profile(profile), EngineConfig(), shapes)

@@ -12,6 +12,12 @@ close at once, ``/health`` turns 503, in-flight requests (streams included) get
 ``proxy.drain_timeout_s`` to finish; SIGHUP reloads the config in every worker without
 closing the listeners (:meth:`fastroute.proxy.proxy_app.ProxyApp.reload`).
 
+Engines join and leave without a config edit through the fleet admin API
+(:mod:`fastroute.proxy.admin_engines`) and ``[[discovery]]`` (DNS, resolved by the
+supervisor): both write the engines state file next to the config, and every worker serves
+the merged fleet (:func:`fastroute.discovery.merge.load_effective_config`), at start and on
+every reload.
+
 ``--worker INDEX --supervisor-pid PID --stats-name NAME`` (internal) runs one worker.
 """
 
@@ -47,11 +53,12 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from fastroute.config import ConfigError, load_config
+    from fastroute.discovery.merge import load_effective_config
     from fastroute.errors import TableError
     from fastroute.policy import PolicyConfigError
 
-    try:
-        config = load_config(args.config)
+    try:  # a worker serves the merged fleet; the supervisor merges on its own
+        config = (load_effective_config if args.worker is not None else load_config)(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -69,9 +76,12 @@ def run(args: argparse.Namespace) -> int:
     try:  # fail here, once, rather than in every worker
         from fastroute.proxy.path.handler import build_policies
 
-        build_policies(config)
+        build_policies(load_effective_config(args.config))  # the state file must merge too
     except PolicyConfigError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
         return 1
 
     from fastroute.proxy.supervisor import Supervisor, config_path_of
@@ -94,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) -> int:
     import asyncio
     import gc
+    import os
     import signal
     import sys
 
@@ -126,6 +137,9 @@ def _run_worker(args: argparse.Namespace, config: object, host: str, port: int) 
         except PolicyConfigError as exc:
             print(f"{args.config}: {exc}", file=sys.stderr)
             return 1
+        if args.supervisor_pid is not None:  # a fleet change reloads every worker, via it
+            supervisor_pid = args.supervisor_pid
+            app.fleet_admin.apply = lambda: os.kill(supervisor_pid, signal.SIGHUP)
 
         async def serve() -> None:
             loop = asyncio.get_running_loop()

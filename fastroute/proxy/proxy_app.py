@@ -35,11 +35,13 @@ from typing import Protocol
 
 from prometheus_client import Counter
 
-from fastroute.config import Config, ConfigError, load_config
+from fastroute.config import Config, ConfigError
+from fastroute.discovery.merge import load_effective_config
 from fastroute.errors import TableError
 from fastroute.guards.admission import QueueDelayGuard
 from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import PolicyConfigError
+from fastroute.proxy.admin_engines import FleetAdmin, is_admin_engines_path
 from fastroute.proxy.background.signal_tasks import SignalTasks, install_signal_tasks
 from fastroute.proxy.background.table_watch import TableWatcher
 from fastroute.proxy.http.reply import Reply, Sink
@@ -47,12 +49,20 @@ from fastroute.proxy.http.upstream import UpstreamPool
 from fastroute.proxy.metrics import ProxyMetrics
 from fastroute.proxy.path.admission import AdmissionQueue
 from fastroute.proxy.path.decisions import DecisionLog
+from fastroute.proxy.path.endpoint_handler import EndpointHandler
+from fastroute.proxy.path.endpoints import endpoint_for
 from fastroute.proxy.path.fleet import Fleet, FleetState
 from fastroute.proxy.path.handler import Incoming, InferenceHandler, ProxyContext, build_policies
 from fastroute.proxy.path.marginal_setup import install_marginal
 from fastroute.proxy.path.pd import PDPools
 from fastroute.proxy.path.stored_responses import is_stored_response_path
-from fastroute.proxy.routes import INFERENCE_PATHS, get_reply, is_get_path, not_allowed, unknown_url
+from fastroute.proxy.routes import (
+    INFERENCE_PATHS,
+    get_reply,
+    is_get_path,
+    not_allowed,
+    other_reply,
+)
 from fastroute.tables.response_map import ResponseMap, response_map_name
 from fastroute.tables.stats import StatsBlock
 
@@ -83,6 +93,7 @@ class _Generation:
     ctx: ProxyContext
     handler: InferenceHandler
     watcher: TableWatcher
+    endpoints: EndpointHandler
     task: asyncio.Task[None] | None = None
     active: int = 0
     retired: bool = False
@@ -143,6 +154,7 @@ def build_context(
         ctx.aggregator = aggregator  # the signal path's counters outlive reloads
     ctx.scraper = getattr(previous, "scraper", None)
     ctx.responses = _response_map(config, stats_block, previous)
+    ctx.models = getattr(previous, "models", None)
     install_marginal(ctx, previous)
     return ctx
 
@@ -196,7 +208,9 @@ def _new_generation(ctx: ProxyContext, table_name: str) -> _Generation:
     watcher = TableWatcher(
         ctx.fleet, table_name, interval_s=TABLE_POLL_INTERVAL_S, on_change=on_change
     )
-    return _Generation(ctx=ctx, handler=InferenceHandler(ctx), watcher=watcher)
+    return _Generation(
+        ctx=ctx, handler=InferenceHandler(ctx), watcher=watcher, endpoints=EndpointHandler(ctx)
+    )
 
 
 def _start_generation(gen: _Generation) -> None:
@@ -238,12 +252,17 @@ class ProxyApp:
         The host's shared per-engine stats block (supervised workers). Without it,
         in-flight counts, totals and EWMAs are private to this process.
     config_path : str or Path, optional
-        The file ``config`` came from; :meth:`reload` without a config re-reads it.
+        The file ``config`` came from; :meth:`reload` without a config re-reads it
+        (with its engines state file, :func:`fastroute.discovery.merge.load_effective_config`),
+        and the fleet admin API (:mod:`fastroute.proxy.admin_engines`) writes next to it.
 
     Attributes
     ----------
     signals : SignalTasks
         The signal-path components (puller, reporter, scraper, calibration pull).
+    fleet_admin : FleetAdmin
+        The fleet admin API; its ``apply`` (default: reload this app) is what a change
+        triggers (``fastroute serve`` workers signal their supervisor instead).
 
     Raises
     ------
@@ -278,11 +297,13 @@ class ProxyApp:
             registry=ctx.metrics.registry,
         )
         self._retiring: set[asyncio.Task[None]] = set()
+        self._fleet_reloads: set[asyncio.Task[bool]] = set()
         self._reload_lock = asyncio.Lock()
         self._stopped = False
         self.signals: SignalTasks = install_signal_tasks(
             ctx, config, table_name=table_name, current_context=lambda: self.context
         )
+        self.fleet_admin = FleetAdmin(self._config_path, lambda: self.context, self._reload_soon)
 
     @property
     def context(self) -> ProxyContext:
@@ -353,13 +374,29 @@ class ProxyApp:
             if method != "POST":
                 return _done(not_allowed(method, path, ("POST",)))
             return self._infer(request, kind, sink, rid)
+        if is_admin_engines_path(path):
+            return self.fleet_admin.reply(method, path, request.body, request.headers, remote)
         if is_get_path(path):
             if method not in ("GET", "HEAD"):
                 return _done(not_allowed(method, path, ("GET", "HEAD")))
             return _done(get_reply(self._current.ctx, path, request.headers, remote))
         if is_stored_response_path(path):
             return self._stored(request, method, rid)
-        return _done(unknown_url(method, path))
+        return self._other(request, remote, sink, rid)
+
+    def _other(
+        self, request: ServedRequest, remote: str | None, sink: Sink, rid: str
+    ) -> Awaitable[Reply]:
+        """The engine endpoints and pass-through paths (``POST``), else the routes the
+        proxy answers itself (``/ping``...) or 404."""
+        method, path = request.method, request.path
+        ctx = self._current.ctx
+        endpoint = endpoint_for(path, ctx.config)
+        if endpoint is not None:
+            if method != "POST":
+                return _done(not_allowed(method, path, ("POST",)))
+            return self._infer_endpoint(request, endpoint.kind, sink, rid)
+        return _done(other_reply(ctx, method, path))
 
     async def _infer(self, request: ServedRequest, kind: str, sink: Sink, rid: str) -> Reply:
         """Run the request path of the generation in force, counted in its ``active``."""
@@ -367,6 +404,19 @@ class ProxyApp:
         gen.active += 1
         try:
             return await gen.handler.handle(request, kind, request.body, sink, rid)
+        finally:
+            gen.active -= 1
+            if gen.active == 0:
+                gen.idle.set()
+
+    async def _infer_endpoint(
+        self, request: ServedRequest, kind: str, sink: Sink, rid: str
+    ) -> Reply:
+        """:meth:`_infer` for the engine endpoints (their own handler)."""
+        gen = self._current
+        gen.active += 1
+        try:
+            return await gen.endpoints.handle(request, kind, request.body, sink, rid)
         finally:
             gen.active -= 1
             if gen.active == 0:
@@ -395,7 +445,8 @@ class ProxyApp:
         Parameters
         ----------
         config : Config, optional
-            The new configuration; default: re-read the app's ``config_path``.
+            The new configuration; default: re-read the app's ``config_path`` merged with
+            its engines state file (admin API and discovered engines).
 
         Returns
         -------
@@ -409,7 +460,9 @@ class ProxyApp:
                 if config is None:
                     if self._config_path is None:
                         raise ConfigError("this proxy was not started from a config file")
-                    config = load_config(self._config_path)
+                    config = load_effective_config(self._config_path)
+                if self._stats_block is not None:
+                    self._stats_block.refresh()  # slots the supervisor gave new engines
                 ctx = build_context(config, self._stats_block, old.ctx)
             except (ConfigError, PolicyConfigError, OSError) as exc:
                 self._reloads.labels("error").inc()
@@ -431,6 +484,12 @@ class ProxyApp:
             )
             return True
 
+    def _reload_soon(self) -> None:
+        """Reload from the files in the background (a fleet admin change, no supervisor)."""
+        task = asyncio.create_task(self.reload(), name="fastroute-fleet-reload")
+        self._fleet_reloads.add(task)
+        task.add_done_callback(self._fleet_reloads.discard)
+
     def _retire(self, old: _Generation) -> None:
         """Close ``old`` in the background once its requests are done (bounded)."""
         old.retired = True
@@ -441,7 +500,7 @@ class ProxyApp:
 
 
 def _warn_restart_only(old: Config, new: Config) -> None:
-    for field_name in ("host", "port", "workers", "stats_name"):
+    for field_name in ("host", "port", "workers", "stats_name", "max_engines"):
         if getattr(old.proxy, field_name) != getattr(new.proxy, field_name):
             logger.warning(
                 "proxy.%s changed: takes effect only after a restart, not on reload", field_name

@@ -12,17 +12,31 @@ Routes
 ``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``
     To the engine that stored the response
     (:mod:`fastroute.proxy.path.stored_responses`).
+The engine endpoints (``/tokenize``, ``/pooling``, ``/score``, ``/rerank``, ``/classify``,
+``/v1/audio/*``... and ``proxy.passthrough_paths``)
+    :mod:`fastroute.proxy.path.endpoints`, on the request path of
+    :mod:`fastroute.proxy.path.endpoint_handler`.
 ``GET /v1/models``
-    The union of the configured engines' models, OpenAI list shape.
-``GET /health``
+    What the engines' own ``/v1/models`` report, their union in OpenAI list shape
+    (:mod:`fastroute.proxy.background.models_scrape`); the configured engines' models
+    before any engine answered.
+``GET /health``, ``GET``/``POST /ping``
     200 while serving, 503 once draining (SIGTERM); JSON with this worker's ``pid``.
+    (``/ping`` is vLLM's SageMaker alias of ``/health``: the proxy's own liveness.)
 ``GET /ready``
-    200 once a weight source is loaded (the table, or the config fallback).
+    200 once a weight source is loaded (the table, or the config fallback);
+    ``unserved_models`` names the models the config names that no engine serves (503
+    when that is all of them).
+``/version``, ``/load``
+    Not routed: engine-scoped (an engine's build, an engine's in-flight count) with no
+    model to route by; 404 ``not_routed`` saying so. Ask the engine itself.
 ``GET /metrics``
     Prometheus text (:mod:`fastroute.proxy.metrics`).
 ``GET /admin/decisions/{request_id}``
     The full decision record; only from loopback or with ``proxy.admin_token`` as a
     bearer token.
+``/admin/engines`` and below
+    The fleet admin API, same access rule: :mod:`fastroute.proxy.admin_engines`.
 
 Unknown routes and wrong methods get OpenAI-shaped 404/405 errors.
 """
@@ -37,11 +51,20 @@ from collections.abc import Mapping
 
 import msgspec
 
+from fastroute.proxy.background.models_scrape import ModelCard, models_body
 from fastroute.proxy.http.openai_errors import error_reply
 from fastroute.proxy.http.reply import Reply
 from fastroute.proxy.path.handler import ProxyContext
 
-__all__ = ["INFERENCE_PATHS", "is_get_path", "get_reply", "not_allowed", "unknown_url"]
+__all__ = [
+    "INFERENCE_PATHS",
+    "ENGINE_SCOPED_PATHS",
+    "is_get_path",
+    "get_reply",
+    "not_allowed",
+    "unknown_url",
+    "other_reply",
+]
 
 #: The request path's endpoints (``POST`` only) and their handler kind.
 INFERENCE_PATHS = {
@@ -55,6 +78,13 @@ INFERENCE_PATHS = {
 #: The ``GET`` endpoints (besides ``/admin/decisions/{request_id}``).
 _GET_PATHS = ("/v1/models", "/health", "/ready", "/metrics")
 _DECISIONS_PREFIX = "/admin/decisions/"
+#: vLLM's liveness alias (``GET`` or ``POST``), answered like ``/health``.
+_PING_PATH = "/ping"
+#: Engine paths the proxy does not route, and why.
+ENGINE_SCOPED_PATHS = {
+    "/version": "an engine's software version; engines may differ, ask one directly",
+    "/load": "one engine's count of requests in flight; the proxy's load is on /metrics",
+}
 
 
 def is_get_path(path: str) -> bool:
@@ -101,25 +131,56 @@ def get_reply(
     Reply
     """
     if path == "/v1/models":
-        created = int(time.time())
-        data = [
-            {"id": m, "object": "model", "created": created, "owned_by": "fastroute"}
-            for m in ctx.config.models()
-        ]
-        return _json_reply({"object": "list", "data": data})
+        return _json_reply(models_body(_model_cards(ctx)))
     if path == "/health":
-        pid = os.getpid()
-        if ctx.draining:
-            return _json_reply({"status": "draining", "pid": pid}, 503)
-        return _json_reply({"status": "ok", "pid": pid})
+        return _health_reply(ctx)
     if path == "/ready":
-        state = ctx.fleet.state
-        body = {"ready": ctx.ready, "weights": state.source, "generation": state.generation}
-        return _json_reply(body, 200 if ctx.ready and not ctx.draining else 503)
+        return _ready_reply(ctx)
     if path == "/metrics":
         ctx.metrics.table_generation.set(ctx.fleet.state.generation)
         return Reply(200, [("Content-Type", "text/plain; version=0.0.4")], ctx.metrics.render())
     return _decision_reply(ctx, path[len(_DECISIONS_PREFIX) :], headers, remote)
+
+
+def _model_cards(ctx: ProxyContext) -> list[ModelCard]:
+    if ctx.models is not None:
+        return ctx.models.cards(ctx.config)
+    created = int(time.time())
+    return [ModelCard(id=m, created=created) for m in ctx.config.models()]
+
+
+def _health_reply(ctx: ProxyContext) -> Reply:
+    pid = os.getpid()
+    if ctx.draining:
+        return _json_reply({"status": "draining", "pid": pid}, 503)
+    return _json_reply({"status": "ok", "pid": pid})
+
+
+def _ready_reply(ctx: ProxyContext) -> Reply:
+    state = ctx.fleet.state
+    unserved = ctx.models.unserved(ctx.config) if ctx.models is not None else []
+    body = {
+        "ready": ctx.ready,
+        "weights": state.source,
+        "generation": state.generation,
+        "unserved_models": unserved,
+    }
+    serving = len(unserved) < len(ctx.config.models())
+    return _json_reply(body, 200 if ctx.ready and not ctx.draining and serving else 503)
+
+
+def other_reply(ctx: ProxyContext, method: str, path: str) -> Reply:
+    """The answer to a path that is neither an inference route, a ``GET`` route nor an
+    engine endpoint: ``/ping`` (the proxy's liveness), 404 ``not_routed`` for
+    :data:`ENGINE_SCOPED_PATHS`, else 404 ``unknown_url``."""
+    if path == _PING_PATH:
+        if method not in ("GET", "HEAD", "POST"):
+            return not_allowed(method, path, ("GET", "HEAD", "POST"))
+        return _health_reply(ctx)
+    why = ENGINE_SCOPED_PATHS.get(path)
+    if why is not None:
+        return error_reply(404, f"{path} is not routed by the proxy: {why}.", code="not_routed")
+    return unknown_url(method, path)
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -132,6 +193,7 @@ def _is_loopback(remote: str | None) -> bool:
 
 
 def _admin_allowed(ctx: ProxyContext, headers: Mapping[str, str], remote: str | None) -> bool:
+    """Loopback, or the ``proxy.admin_token`` bearer token (every admin route)."""
     token = ctx.config.proxy.admin_token
     if token is not None:
         given = headers.get("Authorization", "")
@@ -155,3 +217,7 @@ def _decision_reply(
             code="decision_not_found",
         )
     return Reply(200, [("Content-Type", "application/json")], record.to_json())
+
+
+#: The access rule of every admin route (decision records, the fleet admin API).
+admin_allowed = _admin_allowed

@@ -3,26 +3,32 @@
 The supervisor (the process systemd or the user starts):
 
 1. creates the host's shared-memory :class:`~fastroute.tables.StatsBlock`
-   (``proxy.stats_name``; one slot per configured engine, config order) — only here,
-   only at start. If another live proxy owns that name (e.g. an old instance still
-   draining), it warns and uses ``{stats_name}-{pid}`` instead, rather than refuse to
-   start or take over the other proxy's block; next to it, the stored-response id →
-   engine map (:class:`~fastroute.tables.response_map.ResponseMap`,
-   ``{stats_name}.responses``, ``proxy.response_map_capacity`` entries);
+   (``proxy.stats_name``; one slot per engine of the merged fleet — config, engines
+   state file, discovered — with room for ``proxy.max_engines``) — only here, only at
+   start; engines that join later get the next free slot before the workers reload
+   (slots are by engine id and never reused, so stable across reloads). If another
+   live proxy owns that name (e.g. an old instance still draining), it warns and uses
+   ``{stats_name}-{pid}`` instead, rather than refuse to start or take over the other
+   proxy's block; next to it, the stored-response id → engine map
+   (:class:`~fastroute.tables.response_map.ResponseMap`, ``{stats_name}.responses``,
+   ``proxy.response_map_capacity`` entries);
 2. reserves the listen address with a bound, non-listening ``SO_REUSEPORT`` socket (so
    port 0 resolves to one port for every worker, and the port stays ours while a
    worker restarts);
 3. starts N workers, ``python -m fastroute serve --worker ...`` (fork + exec through
    :mod:`subprocess`: nothing of the supervisor's state leaks into them), each
    binding the same address with ``SO_REUSEPORT``;
-4. forwards SIGHUP (reload) to the workers; on SIGTERM/SIGINT forwards SIGTERM (drain)
-   and waits ``proxy.drain_timeout_s`` + :data:`KILL_GRACE_S` before killing
-   stragglers;
-5. restarts a worker that exits unexpectedly, after a backoff (:data:`RESTART_BACKOFF_S`
+4. resolves the ``[[discovery]]`` names (:class:`~fastroute.discovery.runner.DiscoveryRunner`,
+   a thread; once per host, not per worker) into the engines state file and signals
+   itself SIGHUP when a set changed; the fleet admin API of a worker signals it too;
+5. on SIGHUP gives engines that joined a stats slot, then forwards SIGHUP (reload) to
+   the workers; on SIGTERM/SIGINT forwards SIGTERM (drain) and waits
+   ``proxy.drain_timeout_s`` + :data:`KILL_GRACE_S` before killing stragglers;
+6. restarts a worker that exits unexpectedly, after a backoff (:data:`RESTART_BACKOFF_S`
    doubling up to :data:`MAX_RESTART_BACKOFF_S`), at most :data:`MAX_RESTARTS` times in
    :data:`RESTART_WINDOW_S` — beyond that it shuts everything down and exits 1;
-6. unlinks the stats block at exit;
-7. tells systemd (``Type=notify``, :mod:`fastroute.systemd`) READY=1 once every worker
+7. unlinks the stats block at exit;
+8. tells systemd (``Type=notify``, :mod:`fastroute.systemd`) READY=1 once every worker
    listens, RELOADING=1/READY=1 around a SIGHUP, STOPPING=1 when the drain starts.
 
 Workers die with the supervisor: they set ``PR_SET_PDEATHSIG = SIGTERM`` (drain) at
@@ -45,7 +51,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastroute.config import Config, ConfigError, load_config
+from fastroute.config import Config, ConfigError, EngineConfig, load_config
+from fastroute.discovery.merge import merge_fleet
+from fastroute.discovery.runner import DiscoveryRunner
+from fastroute.discovery.state_file import read_state, state_path_of
 from fastroute.errors import TableLockedError
 from fastroute.hashing import engine_id
 from fastroute.systemd import Notifier, pids_listening
@@ -138,6 +147,7 @@ class Supervisor:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.config_path = config_path
         self.config = config
+        self.state_path = state_path_of(config_path)
         self.workers = workers
         self.host = host
         self.port = port
@@ -145,6 +155,8 @@ class Supervisor:
         self._slots = [_Slot(i) for i in range(workers)]
         self._stopping = False
         self._failed = False
+        self._stats: StatsBlock | None = None
+        self._discovery = DiscoveryRunner((), self.state_path, lambda: None)
         #: The stats block's name (``proxy.stats_name`` unless another proxy owns it).
         self.stats_name = config.proxy.stats_name
         # systemd notify (fastroute.systemd; a no-op without $NOTIFY_SOCKET).
@@ -197,7 +209,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Supervise until SIGTERM/SIGINT (or too many restarts); return the exit status."""
-        stats = self._create_stats()
+        stats = self._stats = self._create_stats()
         try:
             responses = ResponseMap.create(
                 response_map_name(self.stats_name), self.config.proxy.response_map_capacity
@@ -229,6 +241,7 @@ class Supervisor:
             )
             for slot in self._slots:
                 self._spawn(slot)
+            self._discovery = self._start_discovery(self.config)  # after the SIGHUP handler
             while not self._stopping:
                 for sig in self._wait_signals(sel, rfd, self._tick_s()):
                     if sig in (signal.SIGTERM, signal.SIGINT):
@@ -253,6 +266,7 @@ class Supervisor:
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self._discovery.stop()
             sel.close()
             os.close(rfd)
             os.close(wfd)
@@ -263,14 +277,48 @@ class Supervisor:
         return 1 if self._failed else 0
 
     def _create_stats(self) -> StatsBlock:
-        ids = [engine_id(e.name) for e in self.config.engines]
+        """The stats block: a slot per engine in force, room for ``proxy.max_engines``."""
+        ids = [engine_id(e.name) for e in self._fleet_engines(self.config)]
+        room = max(self.config.proxy.max_engines, len(ids))
         try:
-            return StatsBlock.create(self.stats_name, ids)
+            return StatsBlock.create(self.stats_name, ids, max_engines=room)
         except TableLockedError as exc:
             fallback = f"{self.stats_name}-{os.getpid()}"
             logger.warning("%s; this proxy uses stats block %r instead", exc, fallback)
             self.stats_name = fallback
-            return StatsBlock.create(fallback, ids)
+            return StatsBlock.create(fallback, ids, max_engines=room)
+
+    def _fleet_engines(self, config: Config) -> tuple[EngineConfig, ...]:
+        """Every engine of the merged fleet (draining ones too: they keep their slot)."""
+        try:
+            merged = merge_fleet(config, read_state(self.state_path), str(self.state_path))
+        except ConfigError as exc:
+            logger.error("supervisor: engines state file unusable: %s", exc)
+            return config.engines
+        return tuple(entry.engine for entry in merged.entries)
+
+    def _sync_stats(self) -> None:
+        """Give stats slots to engines that joined (admin API, discovery) before the
+        workers reload, so they count them in the shared block too."""
+        ids = [engine_id(e.name) for e in self._fleet_engines(self.config)]
+        if self._stats is None:
+            return
+        left_out = self._stats.add_engines(ids)
+        if left_out:
+            logger.warning(
+                "stats block full (proxy.max_engines = %d): %d engines count per worker",
+                self._stats.layout.max_engines,
+                len(left_out),
+            )
+
+    def _start_discovery(self, config: Config) -> DiscoveryRunner:
+        """Resolve ``[[discovery]]`` here, once per host; a change reloads like SIGHUP."""
+        pid = os.getpid()
+        runner = DiscoveryRunner(
+            config.discovery, self.state_path, lambda: os.kill(pid, signal.SIGHUP)
+        )
+        runner.start()
+        return runner
 
     @staticmethod
     def _wait_signals(sel: selectors.BaseSelector, rfd: int, timeout: float) -> list[int]:
@@ -288,7 +336,11 @@ class Supervisor:
         except ConfigError as exc:
             logger.error("supervisor: reload: invalid config (workers keep theirs): %s", exc)
         else:
+            if config.discovery != self.config.discovery:
+                self._discovery.stop()
+                self._discovery = self._start_discovery(config)
             self.config = config  # drain timeout; workers/address/stats need a restart
+        self._sync_stats()
         logger.info("supervisor: SIGHUP, reloading the workers")
         for slot in self._slots:
             if slot.proc is not None and slot.proc.poll() is None:

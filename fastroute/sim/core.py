@@ -24,6 +24,7 @@ session's next turn after its think time.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 import time
@@ -166,6 +167,8 @@ class _Req:
         "holds_slot",
         "record",
         "done",
+        "sent_tokens",
+        "first_token_at",
     )
 
 
@@ -1019,6 +1022,8 @@ class Simulator:
         req.ticket = -1
         req.holds_slot = False
         req.done = False
+        req.sent_tokens = 0  # output tokens earlier (migrated) segments delivered
+        req.first_token_at = None  # the client's first token, from the first segment
         req.record = RequestRecord(
             request_id=req.rid,
             session_id=s.session_id,
@@ -1221,9 +1226,12 @@ class Simulator:
             first = att.first_token_s if att.first_token_s is not None else t
             back_j = self.dp_engine_lat[self.region_index[dp.region]][j]
             ttft = first + back_j - req.arrival_s
-            out = req.max_tokens
-            w.ttft_count[i] += 1
-            w.ttft_sum_s[i] += ttft
+            out = req.max_tokens + req.sent_tokens
+            if req.first_token_at is not None:  # migrated: the first segment's first token
+                ttft = req.first_token_at - req.arrival_s
+            else:
+                w.ttft_count[i] += 1
+                w.ttft_sum_s[i] += ttft
             w.e2e_count[j] += 1
             w.e2e_sum_s[j] += t - req.arrival_s
             if out > 1:
@@ -1247,6 +1255,8 @@ class Simulator:
             if req.turn + 1 < len(s.turns):
                 self._push(t + s.turns[req.turn + 1].think_s, K_TURN, sess, req.turn + 1)
             return
+        if self._migrate(t, att, outcome):
+            return
         retry = False
         if outcome is not Outcome.CLIENT_ERROR:
             cfg = dp.config
@@ -1258,6 +1268,39 @@ class Simulator:
             self._dispatch(t, req)
             return
         self._finish(req, t, "failed", _FAILURE_REASON.get(outcome, "error"), engine=e.name)
+
+    def _migrate(self, t: float, att: _Attempt, outcome: Outcome) -> bool:
+        """Continue a stream that broke after its first token on the next engine, as the
+        proxy's mid-stream migration does (``dataplane.max_migrations``): the prompt plus
+        the tokens generated so far (prefilled again; generated blocks are not cached),
+        the rest of ``max_tokens``; one retry from the budget. Whether it was."""
+        req = att.req
+        dp = req.sess.dp
+        cfg = dp.config
+        mreq = att.mreq
+        if (
+            req.record.migrations >= cfg.max_migrations
+            or outcome is Outcome.CLIENT_ERROR
+            or att.phase != "mixed"
+            or att.first_token_s is None
+            or mreq is None
+            or not 0 < mreq.num_output < req.max_tokens
+            or cfg.retry == "none"
+        ):
+            return False
+        if cfg.retry == "budget" and not dp.budget.try_withdraw(t):
+            return False
+        generated = mreq.num_output
+        if req.first_token_at is None:
+            back = self.dp_engine_lat[self.region_index[dp.region]][att.engine]
+            req.first_token_at = att.first_token_s + back
+        req.sent_tokens += generated
+        req.max_tokens -= generated
+        req.prompt = dataclasses.replace(req.prompt, num_tokens=req.prompt.num_tokens + generated)
+        req.record.migrations += 1
+        req.record.migrated_tokens += generated
+        self._dispatch(t, req)
+        return True
 
     def _finish(self, req: _Req, t: float, outcome: str, reason: str, engine: str = "") -> None:
         if req.done:

@@ -64,6 +64,11 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         Engine of the last attempt (empty if none).
     preemptions : int
         Times the engine preempted the request (recompute); -1 if unknown.
+    migrations : int
+        Mid-stream migrations: the stream broke after its first token and went on on
+        another engine (``dataplane.max_migrations``).
+    migrated_tokens : int
+        Output tokens the continuations prefilled again (their cost), summed.
     """
 
     request_id: str
@@ -84,6 +89,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     attempts: int = 1
     engine: str = ""
     preemptions: int = -1
+    migrations: int = 0
+    migrated_tokens: int = 0
 
     @property
     def ttft_s(self) -> float | None:

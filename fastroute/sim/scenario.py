@@ -189,6 +189,12 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
         up to ``max_attempts``; ``fixed``: always retry up to ``max_attempts``.
     max_attempts : int
         Attempts per request including the first.
+    max_migrations : int
+        Mid-stream migrations per request (the proxy's ``retry.max_migrations``): an
+        attempt whose engine fails after its first token goes on on the next engine
+        with the prompt plus the tokens generated so far and the rest of ``max_tokens``,
+        taking a retry from the budget (not bounded by ``max_attempts``). 0: such an
+        attempt is retried whole, like any failure.
     retry_ratio, min_retries_per_s, retry_ttl_s : float
         Retry budget parameters.
     outlier_ejection : bool
@@ -226,6 +232,7 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     k: int = 3
     retry: Literal["budget", "fixed", "none"] = "budget"
     max_attempts: int = 2
+    max_migrations: int = 0
     retry_ratio: float = 0.1
     min_retries_per_s: float = 2.0
     retry_ttl_s: float = 10.0
@@ -449,6 +456,8 @@ def _check(s: Scenario, where: str) -> None:
     d = s.dataplane
     if d.k < 1 or d.max_attempts < 1:
         bad("dataplane needs k >= 1 and max_attempts >= 1")
+    if d.max_migrations < 0:
+        bad("dataplane needs max_migrations >= 0")
     if d.workers < 1 or d.proxies < 1:
         bad(f"dataplane needs workers >= 1 and proxies >= 1, got {d.workers} and {d.proxies}")
     groups = set(names)

@@ -9,6 +9,7 @@ workers never lose an update.
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,12 @@ from fastroute.tables.segment import (
 )
 
 __all__ = ["StatsBlock", "Counter", "Ewma", "DEFAULT_EWMA_ALPHA"]
+
+#: The header's engine count (``n_engines``, uint32 after magic, version, header size and
+#: ``max_engines``): the one field that changes after creation (:meth:`StatsBlock.add_engines`).
+STATS_COUNT = struct.Struct("<I")
+STATS_COUNT_OFFSET = struct.calcsize("<QIII")
+assert STATS_HEADER.format[:5] + "I" == "<QIIII"  # the count follows those four fields
 
 #: Weight of a new sample in the in-band latency EWMAs.
 DEFAULT_EWMA_ALPHA = 0.2
@@ -193,6 +200,57 @@ class StatsBlock:
         lock, self._lock = self._lock, None
         self.close()
         lock.release(unlink=True)
+
+    def add_engines(self, engine_ids: Any) -> list[int]:
+        """Give slots to engines that have none, while the block has room (creator only).
+
+        Slots are never reused: an engine keeps its slot for the block's life, so a
+        reload that removes and re-adds it finds its counters again. The ids are
+        written before the engine count, so a reader that sees the new count sees them.
+
+        Parameters
+        ----------
+        engine_ids : sequence of int
+            Engine ids; those already in the block are skipped.
+
+        Returns
+        -------
+        list of int
+            The ids that did not fit (the block is full): they have no slot.
+        """
+        if self._lock is None or self._mm is None:
+            raise TableValueError(f"only the creator of stats block {self.name!r} may add engines")
+        new = [int(e) for e in dict.fromkeys(int(e) for e in engine_ids) if e not in self._slot_of]
+        room = self.layout.max_engines - self.n_engines
+        fits, rest = new[:room], new[room:]
+        nan = np.full(len(Ewma), np.nan, dtype="<f8").tobytes()
+        for slot, eid in enumerate(fits, start=self.n_engines):
+            at = self.layout.engine_ids_offset + 8 * slot
+            self._mm[at : at + 8] = eid.to_bytes(8, "little")
+            ewma_at = self.layout.slot_offset(slot) + min(Ewma)
+            self._mm[ewma_at : ewma_at + len(nan)] = nan
+        if fits:
+            STATS_COUNT.pack_into(self._mm, STATS_COUNT_OFFSET, self.n_engines + len(fits))
+            self._adopt(self.n_engines + len(fits))
+        return rest
+
+    def refresh(self) -> None:
+        """Adopt the engines the creator added since this process attached (call before
+        building a fleet over the block, e.g. on a reload)."""
+        if self._mm is None:
+            return
+        (n,) = STATS_COUNT.unpack_from(self._mm, STATS_COUNT_OFFSET)
+        if self.n_engines < n <= self.layout.max_engines:
+            self._adopt(n)
+
+    def _adopt(self, n_engines: int) -> None:
+        ids = np.frombuffer(
+            self._mm, dtype="<u8", count=n_engines, offset=self.layout.engine_ids_offset
+        )
+        self.n_engines = n_engines
+        self.engine_ids = ids.copy()
+        self.engine_ids.flags.writeable = False
+        self._slot_of = {int(e): i for i, e in enumerate(self.engine_ids)}
 
     def __enter__(self) -> StatsBlock:
         return self

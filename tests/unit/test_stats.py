@@ -112,3 +112,27 @@ def test_fields_must_be_of_the_right_kind(block) -> None:
         block.observe(0, Counter.IN_FLIGHT, 1.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         block.get(0, 0)  # type: ignore[arg-type]
+
+
+def test_engines_added_later_get_slots_readers_adopt_them_on_refresh(shm_name) -> None:
+    creator = StatsBlock.create(shm_name, [1, 2], max_engines=4)
+    reader = StatsBlock.attach(shm_name)
+    try:
+        creator.add(creator.slot(2), Counter.IN_FLIGHT, 3)
+        assert creator.add_engines([2, 7, 8, 9]) == [9]  # 2 has a slot; 9 does not fit
+        assert creator.slot(7) == 2 and creator.slot(8) == 3
+        assert math.isnan(creator.ewma(2, Ewma.TTFT_S))  # a fresh slot: no samples
+        with pytest.raises(KeyError):
+            reader.slot(7)
+        reader.refresh()
+        assert [int(i) for i in reader.engine_ids] == [1, 2, 7, 8]
+        reader.add(reader.slot(7), Counter.IN_FLIGHT, 5)
+        assert creator.get(creator.slot(7), Counter.IN_FLIGHT) == 5
+        assert creator.get(creator.slot(2), Counter.IN_FLIGHT) == 3  # old slots untouched
+        with pytest.raises(TableValueError):
+            reader.add_engines([10])
+        with StatsBlock.attach(shm_name) as late:  # a late attacher sees them all
+            assert len(late.engine_ids) == 4
+    finally:
+        reader.close()
+        creator.unlink()

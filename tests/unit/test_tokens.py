@@ -9,6 +9,8 @@ import pytest
 from fastroute.tokens import (
     count_text_tokens,
     render_chat,
+    text_token_ids,
+    token_ids_text,
     tokenize_ids,
     tokenize_text,
 )
@@ -75,6 +77,15 @@ def test_chat_template_renders_roles_and_generation_prompt():
     )
 
 
+def test_chat_template_continues_the_final_message():
+    """``continue_final_message`` leaves the last turn open and adds no generation prompt:
+    the prompt is the whole one plus the partial reply, so its blocks are shared."""
+    messages = [{"role": "user", "content": "hi"}]
+    partial = [*messages, {"role": "assistant", "content": " the of"}]
+    text = render_chat(partial, add_generation_prompt=False, continue_final_message=True)
+    assert text == render_chat(messages) + " the of"
+
+
 def test_chat_template_rejects_malformed_messages():
     """A message without a string role is a ValueError (the server's 400)."""
     with pytest.raises(ValueError):
@@ -94,3 +105,16 @@ def test_conversation_turns_share_their_history_blocks():
     t1, t2 = tokenize_text(render_chat(turn1)), tokenize_text(render_chat(turn2))
     shared = len(render_chat(turn1)[: -len("<|start_header_id|>assistant<|end_header_id|>\n\n")])
     assert t2.block_hashes[: shared // 64] == t1.block_hashes[: shared // 64]
+
+
+@pytest.mark.parametrize("text", ["", "a", "hello wörld", "x" * 1000, "日本語のテキスト"])
+def test_text_token_ids_round_trip_and_agree_with_counting(text: str) -> None:
+    ids = text_token_ids(text)
+    assert len(ids) == count_text_tokens(text)
+    assert tokenize_ids(ids) == tokenize_text(text)
+    assert token_ids_text(ids) == text
+
+
+def test_token_ids_text_rejects_out_of_range_ids() -> None:
+    with pytest.raises(ValueError, match="token ids"):
+        token_ids_text([2**32])

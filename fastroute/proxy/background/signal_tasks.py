@@ -10,7 +10,11 @@
   ``ctx.aggregator`` so the request path feeds it; and a
   :class:`~fastroute.proxy.background.puller.WeightsPuller` writing the controller's tables
   into ``proxy.table_name`` (one per host: the writer lock decides);
-* ``proxy.scrape_engines``: an :class:`~fastroute.proxy.background.scraper.EngineScraper`.
+* ``proxy.scrape_engines``: an :class:`~fastroute.proxy.background.scraper.EngineScraper`;
+* always: a :class:`~fastroute.proxy.background.models_scrape.ModelsScraper` (every engine's
+  ``GET /v1/models`` every ``proxy.models_scrape_interval_s``), whose
+  :class:`~fastroute.proxy.background.models_scrape.ModelCatalog` becomes ``ctx.models``
+  (``GET /v1/models`` and ``/ready`` read it).
 
 Their counters are exported on the app's ``/metrics`` (read at scrape time):
 
@@ -54,6 +58,7 @@ from prometheus_client.registry import Collector
 from fastroute.config import Config
 from fastroute.predict import FleetCalibration
 from fastroute.proxy.background.calibration_pull import CalibrationPull
+from fastroute.proxy.background.models_scrape import ModelCatalog, ModelsScraper
 from fastroute.proxy.background.puller import WeightsPuller
 from fastroute.proxy.background.reporter import Reporter
 from fastroute.proxy.background.scraper import EngineScraper
@@ -78,6 +83,7 @@ class SignalTasks:
     puller: WeightsPuller | None = None
     scraper: EngineScraper | None = None
     calibration: CalibrationPull | None = None
+    models: ModelsScraper | None = None
     _running: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     def start(self) -> None:
@@ -87,6 +93,7 @@ class SignalTasks:
             ("reporter", self.reporter),
             ("scraper", self.scraper),
             ("calibration", self.calibration),
+            ("models-scrape", self.models),
         ):
             if component is not None:
                 task = asyncio.create_task(component.run(), name=f"fastroute-{name}")
@@ -293,6 +300,11 @@ def install_signal_tasks(
     """
     proxy = config.proxy
     tasks = SignalTasks()
+    if ctx.models is None:
+        ctx.models = ModelCatalog()
+    tasks.models = ModelsScraper(
+        ctx.models, lambda: (current_context() if current_context else ctx).config
+    )
     if proxy.controller_url:
         tasks.aggregator = DemandAggregator(proxy.cluster, f"{socket.gethostname()}:{os.getpid()}")
         ctx.aggregator = tasks.aggregator

@@ -12,7 +12,8 @@ Behaviour
   connection (no complete request) is closed after ``keepalive_s``.
 * Pipelining: requests on one connection are answered in order, one at a time; at most
   :data:`MAX_PIPELINED` wait, then reading pauses.
-* Body limit: a body over ``limits.max_body_bytes`` is not kept (its bytes are counted
+* Body limit: a body over ``limits.max_body_bytes`` (the audio endpoints:
+  ``limits.max_audio_body_bytes``, if larger) is not kept (its bytes are counted
   and dropped; past :data:`MAX_DISCARD_BYTES` the connection is closed) and the request
   path answers 413. ``Expect: 100-continue`` is answered unless the declared length is
   already over the limit.
@@ -42,6 +43,7 @@ import httptools
 
 from fastroute.proxy.http.openai_errors import error_reply
 from fastroute.proxy.http.reply import Headers
+from fastroute.proxy.path.endpoints import AUDIO_PREFIX
 from fastroute.proxy.path.handler import new_request_id
 from fastroute.proxy.proxy_app import ProxyApp
 
@@ -60,6 +62,7 @@ logger = logging.getLogger(__name__)
 MAX_PIPELINED = 8
 #: Most bytes of an over-limit body read and dropped before the connection is closed.
 MAX_DISCARD_BYTES = 64 * 1024 * 1024
+_AUDIO_PREFIX = AUDIO_PREFIX.encode()
 #: Most bytes of request line + headers of one request (431 beyond).
 MAX_HEADER_BYTES = 64 * 1024
 #: Most seconds between sweeps for idle keep-alive connections (half the keep-alive
@@ -375,7 +378,7 @@ class _Connection(asyncio.Protocol):
                 expect_value = value
         declared = int(length) if length is not None and length.strip().isdigit() else None
         expect = expect_value is not None and expect_value.strip().lower() == b"100-continue"
-        if declared is not None and declared > self.limit:
+        if declared is not None and declared > self.limit and self._over_limit(declared):
             self.too_large = True
             if expect:
                 # The client waits for our verdict before sending the body: answer 413
@@ -389,13 +392,22 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
-        if self.too_large or self.size > self.limit:
+        if self.too_large or (self.size > self.limit and self._over_limit(self.size)):
             self.too_large = True
             self.parts = []
             if self.size > MAX_DISCARD_BYTES:
                 self.transport.close()
             return
         self.parts.append(body)
+
+    def _over_limit(self, size: int) -> bool:
+        """``size`` is over the request's body limit: ``limits.max_body_bytes``, or for the
+        audio endpoints the larger of it and ``limits.max_audio_body_bytes`` (the request
+        path holds them to the audio limit). Only asked once a body is over the first."""
+        if self.url.startswith(_AUDIO_PREFIX):
+            limits = self.server.app.context.config.limits
+            self.limit = max(limits.max_body_bytes, limits.max_audio_body_bytes)
+        return size > self.limit
 
     def on_message_complete(self) -> None:
         if self.answered_early:

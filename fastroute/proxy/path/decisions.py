@@ -90,6 +90,12 @@ class DecisionRecord:
     bootstrap_room : int or None
         SGLang P/D requests: the ``bootstrap_room`` of the last pair attempt (both its
         engines got it).
+    segments : list of dict
+        A stream migrated mid-stream (docs/failure-handling.md): each segment of the
+        client's one stream in order, its ``engine``, output ``tokens`` and ``outcome``;
+        empty for a stream that was not.
+    not_migrated : str or None
+        A stream that broke after bytes reached the client and was not continued: why.
 
     ``candidates`` and ``filters`` may be deferred (:meth:`defer`): rendering names,
     weights and filter explanations for every request cost more than the rest of the
@@ -117,6 +123,8 @@ class DecisionRecord:
     timings: dict[str, float] = field(default_factory=dict)
     prediction: dict[str, Any] | None = None
     bootstrap_room: int | None = None
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    not_migrated: str | None = None
     # Renders (candidates, filters) from what the decision captured; None once rendered.
     _render: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = field(
         default=None, repr=False

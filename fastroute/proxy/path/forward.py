@@ -5,9 +5,11 @@ An attempt that fails before any byte reached the client (connect error, timeout
 status in ``retry.retry_on_status``) raises :class:`~fastroute.proxy.path.outcomes.Retryable`
 and the next ranked engine is tried if ``retry.max_retries`` and the retry budget
 allow; otherwise the client gets 502 (connect error, disconnect, 5xx), 504 (timeout)
-or the engine's 4xx/429 in OpenAI shape. The same loop forwards a whole request and
-each stage of a P/D request (the stage is the request state's ``fleet``, ``strategy``,
-``route``, ``body`` and ``sink``).
+or the engine's 4xx/429 in OpenAI shape. A stream that breaks after bytes reached the
+client raises :class:`~fastroute.proxy.path.migration.Migrate` and is continued on the
+engines ranked after it (:class:`~fastroute.proxy.path.migration.Migrator`). The same
+loop forwards a whole request and each stage of a P/D request (the stage is the request
+state's ``fleet``, ``strategy``, ``route``, ``body`` and ``sink``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fastroute.proxy.http.reply import Reply
 from fastroute.proxy.http.upstream import UpstreamError
 from fastroute.proxy.path.decisions import Attempt
 from fastroute.proxy.path.headers import HeaderRelay, decision_headers
+from fastroute.proxy.path.migration import Migrate, Migrator, migration_for
 from fastroute.proxy.path.outcomes import Retryable, record_outcome
 from fastroute.proxy.path.relay import Relay
 from fastroute.proxy.path.request_state import RequestState
@@ -50,6 +53,7 @@ class Forwarder:
         self.ctx = ctx
         self.headers = headers
         self.relay = Relay(ctx, headers)
+        self.migrator = Migrator(ctx, self.attempt)
         self._budget_state: FleetState | None = None  # the state the budget's ratio is from
 
     def deposit(self, state: FleetState) -> None:
@@ -67,6 +71,7 @@ class Forwarder:
         ctx = self.ctx
         record = state.record
         last: UpstreamError | Reply | None = None
+        state.migration = migration_for(ctx, state)
         for rank, index in enumerate(decision.ranked):
             if rank > 0:
                 if not ctx.budget.may_retry(rank - 1, time.monotonic()):
@@ -79,6 +84,8 @@ class Forwarder:
                 return await self.attempt(state, rank, index)
             except Retryable as exc:
                 last = exc.failure
+            except Migrate as exc:
+                return await self.migrator.resume(state, decision.ranked, rank, exc.failure)
         assert last is not None
         if isinstance(last, Reply):
             return last

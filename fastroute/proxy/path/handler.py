@@ -138,6 +138,10 @@ class ProxyContext:
     responses : ResponseMap or None
         The host's stored-response id → engine map (``previous_response_id``); None: the
         handler makes a private one (``proxy.response_map_capacity``).
+    models : ModelCatalog or None
+        What the engines' own ``GET /v1/models`` report
+        (:mod:`fastroute.proxy.background.models_scrape`), set by ``install_signal_tasks``;
+        None: the config's model list is all there is.
     """
 
     config: Config
@@ -152,6 +156,7 @@ class ProxyContext:
     aggregator: DemandAggregator | None = None
     scraper: Any = None
     responses: ResponseMap | None = None
+    models: Any = None
     ready: bool = False
     draining: bool = False
 
@@ -176,7 +181,7 @@ def _reset_ids_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_ids_after_fork)
 
 #: Kinds whose streams the proxy asks the usage event for (the others always send it,
-#: or do not stream), and that may take the P/D path.
+#: or do not stream).
 _CHAT_KINDS = frozenset(("chat", "completions"))
 
 
@@ -192,6 +197,12 @@ class InferenceHandler:
     classifier's tenant and zone tables, the header verdict caches, and one routing
     strategy per policy name (and per policy name and P/D pair).
     """
+
+    #: Kinds never served disaggregated (P/D), even for a P/D model (the Responses and
+    #: Messages APIs: their bodies are not chat bodies a P/D stage could rewrite).
+    whole_only_kinds: frozenset[str] = frozenset(
+        {"embeddings", "responses", "messages", "count_tokens"}
+    )
 
     def __init__(self, ctx: ProxyContext) -> None:
         self.ctx = ctx
@@ -367,7 +378,7 @@ class InferenceHandler:
         forward; P/D models go to their two stages."""
         ctx, config = self.ctx, self.config
         pd = ctx.pd
-        if pd is not None and state.kind in _CHAT_KINDS and state.model in pd.models:
+        if pd is not None and state.kind not in self.whole_only_kinds and state.model in pd.models:
             return await self._pd.forward(state)
         loop = state.loop
         strategy = state.strategy

@@ -2,8 +2,10 @@
 errors in OpenAI shape with the engine's address scrubbed.
 
 A stream is committed to the client only once its first chunk arrived (a failure
-before it is retryable); a stream that breaks after it ends with one SSE error event
-and a clean end of the body.
+before it is retryable); a stream that breaks after it is continued on another engine
+when it can be (:mod:`fastroute.proxy.path.migration`: the relay keeps what it wrote and
+raises :class:`~fastroute.proxy.path.migration.Migrate`), else it ends with one SSE
+error event and a clean end of the body.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fastroute.proxy.http.upstream import UpstreamError
 from fastroute.proxy.path.decisions import Attempt
 from fastroute.proxy.path.engine_load import AttemptLoad
 from fastroute.proxy.path.headers import HeaderRelay, decision_headers
+from fastroute.proxy.path.migration import Migrate, Migration
 from fastroute.proxy.path.outcomes import Retryable, record_outcome
 from fastroute.proxy.path.request_state import RequestState
 from fastroute.proxy.path.sse import StreamMeter
@@ -44,17 +47,20 @@ class _StreamTally:
     (:class:`~fastroute.proxy.path.sse.StreamMeter`).
 
     ``on_first_token(now)`` runs at the first token event; ``tracked``
-    (``marginal-cost`` classes) is told of every token event. With ``splice`` set,
-    :meth:`relay` is the engine connection's callback (:meth:`Response.relay`).
+    (``marginal-cost`` classes) is told of every token event; ``keep`` (a stream that
+    may be migrated) keeps what is written and rewrites a continuation's events. With
+    ``splice`` set, :meth:`relay` is the engine connection's callback
+    (:meth:`Response.relay`).
     """
 
-    __slots__ = ("n_chunks", "last", "meter", "tracked", "on_first_token", "splice")
+    __slots__ = ("n_chunks", "last", "meter", "tracked", "on_first_token", "splice", "keep")
 
     def __init__(
         self,
         meter: StreamMeter,
         tracked: AttemptLoad | None,
         on_first_token: Callable[[float], None],
+        keep: Migration | None = None,
     ) -> None:
         self.n_chunks = 0
         self.last = b""  # the last bytes written; its tail is only looked at on failure
@@ -62,6 +68,7 @@ class _StreamTally:
         self.tracked = tracked
         self.on_first_token = on_first_token
         self.splice: Splice | None = None
+        self.keep = keep
 
     def add(self, chunk: bytes, now: float, last: bool = False) -> bytes:
         """Measure a read at ``now``; the bytes to write for it."""
@@ -69,6 +76,9 @@ class _StreamTally:
         meter = self.meter
         before = meter.token_events
         data = meter.feed(chunk, now, last)
+        keep = self.keep
+        if keep is not None and data:
+            data = keep.relayed(data, meter.error is not None)
         if data:
             self.last = data
         if meter.token_events != before:
@@ -89,8 +99,15 @@ class _StreamTally:
         assert self.splice is not None
         data = self.add(chunk, now, last)
         if data:  # an empty write would end the chunked body; the relay ends it
+            keep = self.keep
+            if keep is not None and keep.cut:
+                last = False  # an error was held back: a continuation may follow
             return self.splice.write_now(data, last)
         return True
+
+
+def _no_first_token(now: float) -> None:
+    """A continuation's first token: the request's TTFT was its first segment's."""
 
 
 def scrub_error(
@@ -196,12 +213,18 @@ class Relay:
             record_outcome(ctx, fleet, index, exc.outcome, attempt)
             raise Retryable(exc) from None
         headers = [("Cache-Control", "no-cache")]
-        await sink.start(resp.status, headers, self.headers.to_client(resp, record))
+        migration = state.migration
+        on_first_token = partial(self._first_token, state, index, attempt, tracked)
+        if migration is not None:
+            migration.begin_segment(attempt)
+            if migration.rewriter is not None:  # a continuation: the client's stream is open
+                on_first_token = tracked.first_token if tracked is not None else _no_first_token
+        if migration is None or migration.rewriter is None:
+            await sink.start(resp.status, headers, self.headers.to_client(resp, record))
         first_at = loop.time()
         meter = state.meter_type(state.strip_usage)
-        tally = _StreamTally(
-            meter, tracked, partial(self._first_token, state, index, attempt, tracked)
-        )
+        tally = _StreamTally(meter, tracked, on_first_token, migration)
+        broken: UpstreamError | None = None
         try:
             await sink.write(tally.add(chunk, first_at))
             splice = sink.splice()
@@ -230,19 +253,42 @@ class Relay:
                     if not chunk:
                         break
                     await sink.write(tally.add(chunk, loop.time()))
-            await sink.write(tally.finish(loop.time()))
-            self._stream_outcome(state, index, attempt, tally, failure)
-            if failure is not None:
-                sep = b"" if tally.last.endswith(_SSE_END) else _SSE_END
-                await sink.write(sep + sse_error_event(failure.message, code=failure.code))
-            await sink.end()
+            broken = await self._end(state, index, attempt, tally, failure)
         except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
             attempt.outcome = "client_disconnected"
             record.error = "client disconnected mid-stream"
         if tracked is not None:
             tracked.usage = meter.usage
         self._account(state, index, attempt, tally, first_at)
+        if broken is not None:
+            raise Migrate(broken)
         return Reply(resp.status, headers, streamed=True)
+
+    async def _end(
+        self,
+        state: RequestState,
+        index: int,
+        attempt: Attempt,
+        tally: _StreamTally,
+        failure: UpstreamError | None,
+    ) -> UpstreamError | None:
+        """End a relayed stream: record its outcome; a broken stream that may be
+        migrated stays open (its failure is returned), any other ends here."""
+        sink, keep = state.sink, tally.keep
+        if keep is not None and keep.intact and (keep.cut or failure is not None):
+            self._stream_outcome(state, index, attempt, tally, failure)
+            if failure is None:  # the in-stream error event was held back
+                failure = UpstreamError(
+                    Outcome.HTTP_5XX, f"engine {attempt.engine} sent an in-stream error"
+                )
+            return failure  # a partial last event (cut off by the failure) is dropped
+        await sink.write(tally.finish(state.loop.time()))
+        self._stream_outcome(state, index, attempt, tally, failure)
+        if failure is not None:
+            sep = b"" if tally.last.endswith(_SSE_END) else _SSE_END
+            await sink.write(sep + sse_error_event(failure.message, code=failure.code))
+        await sink.end()
+        return None
 
     def _first_token(
         self,

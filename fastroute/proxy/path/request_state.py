@@ -24,6 +24,7 @@ from fastroute.proxy.path.sse import StreamMeter
 
 if TYPE_CHECKING:
     from fastroute.proxy.path.fleet import Fleet
+    from fastroute.proxy.path.migration import Migration
     from fastroute.proxy.path.strategy import RoutingStrategy
 
 __all__ = ["RequestState"]
@@ -87,6 +88,8 @@ class RequestState:
     api : object or None
         The hooks of a Responses or Messages request
         (:mod:`~fastroute.proxy.path.api_endpoints`); None for the other kinds.
+    migration : Migration or None
+        The stream's mid-stream migration state (None: it is never migrated).
     """
 
     request: Any
@@ -116,3 +119,4 @@ class RequestState:
     strip_usage: bool = False
     meter_type: Callable[[bool], StreamMeter] = StreamMeter
     api: Any = None
+    migration: Migration | None = None

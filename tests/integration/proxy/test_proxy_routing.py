@@ -139,7 +139,12 @@ def test_proxy_follows_weight_table(h: Harness, shm_name: str) -> None:
             async with h.proxy_stack(3, table_name=shm_name) as st, aiohttp.ClientSession() as s:
                 async with s.get(st.url + "/ready") as resp:
                     ready = await resp.json()
-                assert ready == {"ready": True, "weights": "table", "generation": 1}
+                assert ready == {
+                    "ready": True,
+                    "weights": "table",
+                    "generation": 1,
+                    "unserved_models": [],
+                }
                 for i in range(10):
                     engine = await _engine_of(s, st.url, h.chat_body(f"q{i}"))
                     assert engine == "engine-2"

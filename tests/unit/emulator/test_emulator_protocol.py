@@ -35,6 +35,8 @@ def _chat(**fields) -> bytes:
         (_chat(n=2), "n"),
         (_chat(min_tokens=-1), "min_tokens"),
         (_chat(max_tokens=3, min_tokens=5), "min_tokens"),
+        (_chat(continue_final_message=True), None),  # with add_generation_prompt: vLLM's 400
+        (_chat(continue_final_message=True, add_generation_prompt=False), "messages"),
     ],
 )
 def test_bad_chat_requests_are_400(body, param):
@@ -42,6 +44,18 @@ def test_bad_chat_requests_are_400(body, param):
     with pytest.raises(RequestError) as info:
         decode_chat(body)
     assert info.value.status == 400 and info.value.param == param
+
+
+def test_chat_continuation_fields():
+    """A partial final assistant turn to continue, without a generation prompt."""
+    messages = [*_MSG, {"role": "assistant", "content": " the"}]
+    body = json.dumps(
+        {"messages": messages, "continue_final_message": True, "add_generation_prompt": False}
+    )
+    req = decode_chat(body.encode())
+    assert req.continue_final_message and not req.add_generation_prompt
+    plain = decode_chat(_chat())
+    assert not plain.continue_final_message and plain.add_generation_prompt
 
 
 def test_chat_accepts_unknown_fields_and_prefers_max_completion_tokens():

@@ -251,3 +251,32 @@ def test_spike_fault_multiplies_the_session_rate(small):
 
     assert count(sessions, "eu", 10, 30) > 2.5 * count(base, "eu", 10, 30)
     assert count(sessions, "us", 10, 30) == count(base, "us", 10, 30)
+
+
+def test_mid_stream_migration_keeps_the_first_token_and_costs_a_recomputed_prefill(small):
+    """A crash mid-stream: with ``max_migrations`` the broken streams go on on another
+    engine (their TTFT is the first segment's, every token asked for arrives, the tokens
+    generated before the crash are prefilled again); without, they are retried whole
+    (a TTFT after the crash). Up to the crash both runs are the same."""
+
+    def run(max_migrations: int):
+        scenario = small(
+            faults=[
+                {"kind": "crash", "engines": ["eu-h100-0"], "start_s": 10.0, "duration_s": 100.0}
+            ],
+            dataplane={"consecutive_failures": 2, "max_migrations": max_migrations},
+            workload={"rate_sessions_per_s": 6.0},
+        )
+        return {r.request_id: r for r in Simulator(scenario, seed=1).run().records}
+
+    whole, migrated = run(0), run(1)
+    assert not any(r.migrations for r in whole.values())
+    moved = [r for r in migrated.values() if r.migrations]
+    assert len(moved) >= 3
+    for r in moved:
+        w = whole[r.request_id]
+        assert r.outcome == w.outcome == "ok" and r.migrations == 1
+        assert r.output_tokens == w.output_tokens  # every token asked for
+        assert 0 < r.migrated_tokens < r.output_tokens
+        assert r.first_token_s < 10.0 < w.first_token_s  # the client had its first token
+        assert r.attempts == w.attempts == 2
