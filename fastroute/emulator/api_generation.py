@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from aiohttp import web
 
 from fastroute.emulator.model import QueueFullError, Request, RequestTooLongError
+from fastroute.emulator.output_text import OutputText
 from fastroute.emulator.protocol import RequestError
 from fastroute.hashing import key_hash
 from fastroute.tokens import TokenizedPrompt, render_chat, tokenize_text
@@ -31,6 +32,7 @@ __all__ = [
     "admit",
     "read_body",
     "tokenize_messages",
+    "Prompt",
     "abort_connection",
     "Abort",
 ]
@@ -72,12 +74,22 @@ async def read_body(
     return body
 
 
-def tokenize_messages(messages: Sequence[Mapping[str, Any]], param: str) -> TokenizedPrompt:
-    """The engine's tokenization of chat ``messages`` (400 naming ``param`` if invalid)."""
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """Chat messages as the engine sees them: the rendered text and its tokens."""
+
+    text: str
+    tokens: TokenizedPrompt
+
+
+def tokenize_messages(messages: Sequence[Mapping[str, Any]], param: str) -> Prompt:
+    """The engine's rendering and tokenization of chat ``messages`` (400 naming ``param``
+    if invalid)."""
     try:
-        return tokenize_text(render_chat(messages))
+        text = render_chat(messages)
     except ValueError as exc:
         raise RequestError(400, str(exc), param) from None
+    return Prompt(text, tokenize_text(text))
 
 
 class Generation:
@@ -86,10 +98,10 @@ class Generation:
     Use :func:`admit`; always :meth:`close` (``finally``).
     """
 
-    def __init__(self, engine: EmulatedEngine, mreq: Request, output_seed: int) -> None:
+    def __init__(self, engine: EmulatedEngine, mreq: Request, output: OutputText) -> None:
         self.engine = engine
         self.mreq = mreq
-        self.output_seed = output_seed
+        self.output = output
         self.given = 0
 
     @property
@@ -126,7 +138,7 @@ class Generation:
             for _ in range(channel.take()):
                 if engine._crash_due(self.given):
                     raise Abort
-                texts.append(engine._token_text(self.output_seed, self.given, mreq))
+                texts.append(engine._token_text(self.output, self.given, mreq))
                 self.given += 1
             if texts:
                 yield texts
@@ -139,10 +151,9 @@ class Generation:
             self.engine.model.cancel(self.mreq.request_id)
 
 
-def admit(
-    engine: EmulatedEngine, prompt: TokenizedPrompt, sampling: Sampling, prefix: str
-) -> Generation:
-    """Draw the output length and submit the request to the engine model.
+def admit(engine: EmulatedEngine, prompt: Prompt, sampling: Sampling, prefix: str) -> Generation:
+    """Draw the output length and submit the request to the engine model; its output text
+    is seeded by the rendered prompt, as a chat completion's (the same on every engine).
 
     Raises
     ------
@@ -151,12 +162,13 @@ def admit(
     """
     from fastroute.emulator.server import TokenChannel  # the server imports this module
 
-    output_tokens, finish_reason = engine._output_length(sampling, prompt, False)
+    tokens = prompt.tokens
+    output_tokens, finish_reason = engine._output_length(sampling, tokens, False)
     request_id = f"{prefix}{uuid.uuid4().hex}"
     mreq = Request(
         request_id,
-        prompt.num_tokens,
-        prompt.block_hashes,
+        tokens.num_tokens,
+        tokens.block_hashes,
         output_tokens=output_tokens,
         finish_reason=finish_reason,
         data=TokenChannel(),
@@ -171,7 +183,7 @@ def admit(
     engine._last_submit_s = now
     engine._wakeup.set()
     engine._channels.add(mreq.data)
-    return Generation(engine, mreq, key_hash(request_id) & 0xFFFFFFFF)
+    return Generation(engine, mreq, OutputText(key_hash(prompt.text) & 0xFFFFFFFF))
 
 
 def abort_connection(request: web.Request) -> NoReturn:

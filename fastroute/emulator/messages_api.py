@@ -130,7 +130,7 @@ class MessagesAPI:
             prompt = tokenize_messages(anthropic_messages(parsed), "messages")
         except RequestError as exc:
             return self._err(exc.status, exc.message, exc.param)
-        n = prompt.num_tokens
+        n = prompt.tokens.num_tokens
         return web.json_response(
             {"input_tokens": n, "context_management": {"original_input_tokens": n}},
             headers={"x-fastroute-engine": self.engine.name},
