@@ -45,9 +45,12 @@ def _config(extra: str = "") -> Config:
 def test_table_is_vllms_list() -> None:
     assert {p: e.kind for p, e in ENDPOINTS.items()} == VLLM_ROUTED
     assert set(ENDPOINT_KINDS) == {"tokenizer", "pooling", "audio", "passthrough"}
-    # None of them takes the P/D path; the chat handler's kinds are untouched.
+    # None of them takes the P/D path; of the chat handler's kinds, embeddings and the
+    # Responses/Messages APIs (whose bodies a P/D stage cannot rewrite) do not either.
     assert EndpointHandler.whole_only_kinds == frozenset(ENDPOINT_KINDS)
-    assert InferenceHandler.whole_only_kinds == frozenset({"embeddings"})
+    assert InferenceHandler.whole_only_kinds == frozenset(
+        {"embeddings", "responses", "messages", "count_tokens"}
+    )
 
 
 def test_body_limits() -> None:
