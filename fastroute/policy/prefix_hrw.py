@@ -14,7 +14,7 @@ Algorithm
     A prompt with no depth key (shorter than ``b``) uses the routing key alone.
 
     1. **Hot groups are skipped.** A group is hot when its decayed share of the recent
-       token weight (:class:`~fastroute.policy.hot_keys.HotKeys`, half-life
+       token weight (:class:`~fastroute._core.prefix_py.HotKeys`, half-life
        ``hot_half_life_requests``) exceeds ``h / n``, ``h = hot_share_factor`` times the
        mean engine share over the row's ``n`` eligible engines: more than its home may
        carry (it stays hot until its share falls below half that: hysteresis). The
