@@ -277,29 +277,37 @@ cdef class Selector:
                                Py_ssize_t* out_idx, double* out_score,
                                LoadScan* scan) noexcept nogil:
         # One pass: the load totals and least load of the eligible engines and (k > 0)
-        # the top-k ranking of key_hash, as _rank.
+        # the top-k ranking of key_hash, as _rank. Everything the loop reads or updates
+        # is a local (no store through a pointer can alias it), so it stays in registers.
         cdef Py_ssize_t i, m = 0, n = self.n_engines, least_idx = -1, n_least = 0
-        cdef const double* w = &self._w[row, 0] if n else NULL
-        cdef const double* inv_w = &self._inv_w[row, 0] if n else NULL
-        cdef const uint64_t* seeds = &self._seeds[0] if n else NULL
-        cdef const uint64_t* ids = &self._ids[0] if n else NULL
+        if n == 0:
+            scan.total_w, scan.total_load, scan.least_load = 0.0, 0, 0
+            scan.least_idx, scan.n_least = -1, 0
+            return 0
+        cdef const double* w = &self._w[row, 0]
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        cdef const uint64_t* seeds = &self._seeds[0]
+        cdef const uint64_t* ids = &self._ids[0]
+        cdef const char* load_base = <const char*>&load[0]
+        cdef Py_ssize_t load_stride = load.strides[0]
         cdef double threshold = INFINITY, iw, u, s, total_w = 0.0
         cdef int64_t total_load = 0, li, least = 0
+        cdef Py_ssize_t ties[SCAN_TIES]
         for i in range(n):
             iw = inv_w[i]
             if iw == INFINITY or (available != NULL and available[i] == 0):
                 continue
-            li = load[i]
+            li = (<const int64_t*>(load_base + i * load_stride))[0]
             total_w += w[i]
             total_load += li
             if least_idx < 0 or li < least:
                 least = li
                 least_idx = i
                 n_least = 1
-                scan.ties[0] = i
+                ties[0] = i
             elif li == least:
                 if n_least < SCAN_TIES:
-                    scan.ties[n_least] = i
+                    ties[n_least] = i
                 n_least += 1
             if k == 0:
                 continue
@@ -315,6 +323,8 @@ cdef class Selector:
         scan.least_load = least
         scan.least_idx = least_idx
         scan.n_least = n_least
+        for i in range(min(n_least, SCAN_TIES)):
+            scan.ties[i] = ties[i]
         return m
 
     cdef Py_ssize_t _rank_bounded(self, uint64_t key_hash, Py_ssize_t row,

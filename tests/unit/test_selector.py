@@ -273,9 +273,13 @@ if "cy" in IMPLS:
             weights = rand.np.random((1, n)) + 0.05
             py, cy = _core.SelectorPy(ids, weights), _core.SelectorC(ids, weights)
             mask = (rand.np.random(n) < 0.9).astype(np.uint8)
-            loads = rand.np.integers(0, levels, size=n).astype(np.int64)
+            # A strided column, as the stats block's in-flight counters are.
+            loads = rand.np.integers(0, levels, size=(n, 3)).astype(np.int64)[:, 1]
             for key in _keys(rand, 60):
                 assert py.pick_bounded(key, 0, loads, 2.0) == cy.pick_bounded(key, 0, loads, 2.0)
+                assert py.rank_prefix([key, 7], 0, 3, loads, 1.0, mask) == cy.rank_prefix(
+                    [key, 7], 0, 3, loads, 1.0, mask
+                )
                 assert py.pick_bounded(key, 0, loads, 1.0, mask) == cy.pick_bounded(
                     key, 0, loads, 1.0, mask
                 )
