@@ -55,6 +55,11 @@ cdef class Selector:
                                    const int64_t[:] load, double c, Py_ssize_t* out_idx,
                                    double* out_score, Py_ssize_t* used,
                                    LoadScan* scan) noexcept nogil
+    cdef Py_ssize_t _rank_both(self, uint64_t key_hash, Py_ssize_t row,
+                               const uint8_t* available, const int64_t[:] load,
+                               double total_w, double limit, Py_ssize_t k,
+                               Py_ssize_t* out_idx, double* out_score, Py_ssize_t* b_idx,
+                               double* b_score, Py_ssize_t* m_bounded) noexcept nogil
     cdef Py_ssize_t _least_loaded(self, uint64_t key_hash, Py_ssize_t row,
                                   const uint8_t* available, const int64_t[:] load,
                                   const LoadScan* scan) noexcept nogil

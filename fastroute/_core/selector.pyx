@@ -369,18 +369,77 @@ cdef class Selector:
         cdef const double* w = &self._w[row, 0]
         # Within bound iff load_e * W <= c * L * w_e (same arithmetic as the spec).
         cdef double limit = c * <double>scan.total_load
+        cdef Py_ssize_t last = n_keys - 1, m_bounded = 0
+        # The last key's ranking also yields its ranking over the engines within bound
+        # (the fallback), in the same pass; off when the buffers cannot be had.
+        cdef Py_ssize_t small_idx[8]
+        cdef double small_score[8]
+        cdef Py_ssize_t* b_idx = small_idx
+        cdef double* b_score = small_score
+        if k > 8:
+            b_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+            b_score = <double*>malloc(k * sizeof(double))
+        cdef bint dual = last > 0 and b_idx != NULL and b_score != NULL
         for j in range(n_keys):
-            if j > 0:
+            if j == last and dual:
+                m = self._rank_both(keys[j], row, available, load, scan.total_w, limit, k,
+                                    out_idx, out_score, b_idx, b_score, &m_bounded)
+            elif j > 0:
                 m = self._rank(keys[j], row, available, k, out_idx, out_score)
             e = out_idx[0]
             if <double>load[e] * scan.total_w <= limit * w[e]:
                 used[0] = j
-                return m
-        m = self._rank_bounded(keys[n_keys - 1], row, available, load, scan.total_w, limit,
-                               k, out_idx, out_score)
-        if m == 0:
-            m = self._rank(keys[n_keys - 1], row, available, k, out_idx, out_score)
-        used[0] = n_keys
+                break
+        if used[0] < 0:
+            used[0] = n_keys
+            if not dual:
+                m = self._rank_bounded(keys[last], row, available, load, scan.total_w,
+                                       limit, k, out_idx, out_score)
+                if m == 0:
+                    m = self._rank(keys[last], row, available, k, out_idx, out_score)
+            elif m_bounded > 0:
+                for j in range(m_bounded):
+                    out_idx[j] = b_idx[j]
+                    out_score[j] = b_score[j]
+                m = m_bounded
+            # (Else out_* hold the last key's ranking over the eligible engines: the
+            # answer when rounding leaves no engine within bound.)
+        if k > 8:
+            free(b_idx)
+            free(b_score)
+        return m
+
+    cdef Py_ssize_t _rank_both(self, uint64_t key_hash, Py_ssize_t row,
+                               const uint8_t* available, const int64_t[:] load,
+                               double total_w, double limit, Py_ssize_t k,
+                               Py_ssize_t* out_idx, double* out_score, Py_ssize_t* b_idx,
+                               double* b_score, Py_ssize_t* m_bounded) noexcept nogil:
+        # _rank into out_* and _rank_bounded into b_* (its length in m_bounded), one pass.
+        cdef Py_ssize_t i, m = 0, mb = 0, n = self.n_engines
+        cdef const double* w = &self._w[row, 0]
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        cdef const uint64_t* ids = &self._ids[0]
+        cdef double threshold = INFINITY, b_threshold = INFINITY, iw, u, s, bound
+        cdef bint within
+        for i in range(n):
+            iw = inv_w[i]
+            if iw == INFINITY or (available != NULL and available[i] == 0):
+                continue
+            u = unit_open(mix64(key_hash ^ self._seeds[i]))
+            bound = (1.0 - u) * iw
+            within = <double>load[i] * total_w <= limit * w[i]
+            if bound > threshold and (not within or bound > b_threshold):
+                continue
+            s = -log(u) * iw
+            if not bound > threshold:
+                m = _insert_top(i, s, ids, m, k, out_idx, out_score)
+                if m == k:
+                    threshold = out_score[m - 1]
+            if within and not bound > b_threshold:
+                mb = _insert_top(i, s, ids, mb, k, b_idx, b_score)
+                if mb == k:
+                    b_threshold = b_score[mb - 1]
+        m_bounded[0] = mb
         return m
 
     cdef Py_ssize_t _least_loaded(self, uint64_t key_hash, Py_ssize_t row,
