@@ -85,8 +85,8 @@ Invariants
 Cost per request
     Hashing at most ``2 · prefix_bytes`` bytes (xxh3), one share lookup and (on routing)
     one update per depth key, and one O(n) pass over the fleet that ranks the first
-    candidate and sums the loads (one more per further candidate tried, one when the
-    bounded fallback decides), all in the compiled core
+    candidate and sums the loads (one more per further candidate tried; the bounded
+    fallback's ranking shares the last candidate's), all in the compiled core
     (``fastroute/_core/prefix.pyx``; its spec is ``prefix_py.py``);
     ``bench/bench_prefix_pick.py`` times it.
 
