@@ -33,7 +33,7 @@ DIRECTIVES = {
 CFLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math"]
 MACROS = [("CYTHON_TRACE_NOGIL", "1")] if CYTHON_DEBUG else []
 
-EXTENSION_MODULES = ["fastroute._core.selector", "fastroute._core.shm"]
+EXTENSION_MODULES = ["fastroute._core.selector", "fastroute._core.shm", "fastroute._core.prefix"]
 
 
 def _extensions() -> list:

@@ -8,11 +8,13 @@ random in-flight token loads. Three prompt shapes:
 ``hot``        a 2 kB system prompt shared by every request, then one of 64
                conversations: the hot depths are skipped, the conversation decides;
 ``hot-overload``  as ``hot`` with every conversation's home over its load bound, so
-               every candidate is ranked and the bounded fallback decides (worst case).
+               every candidate is ranked and the bounded fallback decides (worst case);
+``idle``       as ``hot`` on an idle fleet (no tokens in flight).
 
 Run::
 
     .venv/bin/python bench/bench_prefix_pick.py [--engines 100 10000] [--calls 2000]
+        [--shapes unique hot hot-overload idle]
 
 Reports the minimum and median over rounds of the mean µs per call (scheduling noise
 only adds time, so the minimum is the cost; the median shows the noise), and the ratio
@@ -31,6 +33,7 @@ from fastroute.hashing import engine_id
 from fastroute.policy import RouteRequest, StaticFleetView, make_policy
 
 PROMPT_BYTES = 16 * 1024
+SHAPES = ("unique", "hot", "hot-overload", "idle")
 
 
 def _view(n: int, rng: np.random.Generator) -> StaticFleetView:
@@ -85,11 +88,12 @@ def main() -> None:
     parser.add_argument("--engines", type=int, nargs="+", default=[100, 10000])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     args = parser.parse_args()
     print("| engines | prompts | prefix-hrw min / median µs | weighted-hrw min µs | ratio (min) |")
     print("|---|---|---|---|---|")
     for n in args.engines:
-        for shape in ("unique", "hot", "hot-overload"):
+        for shape in args.shapes:
             rng = np.random.default_rng(1)
             view = _view(n, rng)
             requests = _requests("unique" if shape == "unique" else "hot", args.calls, rng)
@@ -97,6 +101,9 @@ def main() -> None:
             _time(policy, view, requests, 1)  # warm the share estimate: hot groups known
             if shape == "hot-overload":
                 _overload(view, policy, requests)
+            elif shape == "idle":
+                view.token_loads[:] = 0
+                view.loads[:] = 0
             ours = _time(policy, view, requests, args.rounds)
             base = _time(make_policy("weighted-hrw"), view, requests, args.rounds)
             print(

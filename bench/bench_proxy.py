@@ -36,7 +36,9 @@ per-target medians after the last round's table.
 
 Run: ``.venv/bin/python bench/bench_proxy.py`` (full, about 2 min) or ``--quick``
 (smoke, < 20 s). ``--json PATH`` also writes the numbers; ``--targets`` picks some;
-``--profile-dir DIR`` records fastroute with py-spy (raw collapsed stacks) during
+``--policy NAME`` sets the fastroute targets' default policy (compare ``prefix-hrw``
+with ``weighted-hrw``: one run each, same session); ``--profile-dir DIR`` records
+fastroute with py-spy (raw collapsed stacks) during
 phases 1 and 2 (its CPU figures are then not representative); ``--profile-native`` adds
 C frames (uvloop, libpython, syscalls), pausing the process per sample, which over-weights
 syscalls: compare with ``perf`` before trusting a syscall's share.
@@ -75,6 +77,8 @@ MODEL = "stub-model"
 TARGETS = ("direct", "fastroute", "fastroute-ref", "nginx", "sglang-router")
 #: ``--ref-tree``: the source tree ``fastroute-ref`` runs (None: that target is skipped).
 REF_TREE: Path | None = None
+#: ``--policy``: the default policy of the fastroute targets (None: the configuration's).
+POLICY: str | None = None
 READY_TIMEOUT_S = 30.0
 #: Every process this script started, so that an interrupt stops them all.
 _STARTED: list[Server] = []
@@ -179,6 +183,7 @@ workers = 1
 drain_timeout_s = 2.0
 table_name = "fastroute-bench-absent-{uuid.uuid4().hex[:12]}"
 """
+        + (f'\n[policy]\ndefault = "{POLICY}"\n' if POLICY else "")
     )
     return [sys.executable, "-m", "fastroute", "--log-level", "WARNING", "serve",
             "--config", str(config)]  # fmt: skip
@@ -569,11 +574,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--ref-tree", metavar="DIR", help="source tree of target fastroute-ref")
     parser.add_argument("--rounds", type=int, default=1, help="repeat, alternating the order")
+    parser.add_argument(
+        "--policy",
+        help="default policy of the fastroute targets (e.g. weighted-hrw; default: the "
+        "configuration's, prefix-hrw)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
-    global REF_TREE
+    global REF_TREE, POLICY
     REF_TREE = Path(args.ref_tree).resolve() if args.ref_tree else None
+    POLICY = args.policy
     quick = args.quick
     defaults = {"requests": (20000, 1000), "streams": (2000, 100), "latency_requests": (500, 100),
                 "warmup": (1000, 100), "phase_timeout": (25.0, 3.0)}  # fmt: skip

@@ -22,12 +22,46 @@ cdef inline bint _before(double s, uint64_t sid, double t, uint64_t tid) noexcep
 
 
 cdef const uint8_t[::1] _as_mask(object available, Py_ssize_t n):
+    # The eligibility mask as bytes, without a copy for bool and uint8 arrays.
     if isinstance(available, np.ndarray) and available.dtype == np.bool_:
         available = available.view(np.uint8)
     cdef const uint8_t[::1] mask = available
     if mask.shape[0] != n:
         raise ValueError(f"available must have shape ({n},), got ({mask.shape[0]},)")
     return mask
+
+
+cdef const int64_t[:] _as_loads(object loads, Py_ssize_t n):
+    # The load per engine as int64; int64 arrays (the stats block's strided column) need
+    # no copy.
+    cdef const int64_t[:] load
+    try:
+        load = loads
+    except (TypeError, ValueError):
+        load = np.asarray(loads, dtype=np.int64)
+    if load.shape[0] != n:
+        raise ValueError(f"loads must have shape ({n},), got ({load.shape[0]},)")
+    return load
+
+
+cdef inline Py_ssize_t _insert_top(Py_ssize_t i, double s, const uint64_t* ids, Py_ssize_t m,
+                                   Py_ssize_t k, Py_ssize_t* out_idx,
+                                   double* out_score) noexcept nogil:
+    # Insert engine i of score s into the sorted top-k of m entries; the new count.
+    cdef uint64_t sid = ids[i]
+    cdef Py_ssize_t pos
+    if m == k:
+        if not _before(s, sid, out_score[m - 1], ids[out_idx[m - 1]]):
+            return m
+        m -= 1
+    pos = m
+    while pos > 0 and _before(s, sid, out_score[pos - 1], ids[out_idx[pos - 1]]):
+        out_score[pos] = out_score[pos - 1]
+        out_idx[pos] = out_idx[pos - 1]
+        pos -= 1
+    out_score[pos] = s
+    out_idx[pos] = i
+    return m + 1
 
 
 @cython.final
@@ -198,62 +232,248 @@ cdef class Selector:
             mask = _as_mask(available, self.n_engines)
             if self.n_engines:
                 mask_ptr = &mask[0]
-        cdef const int64_t[:] load
-        try:
-            load = loads  # int64 arrays (the stats block's strided column) need no copy
-        except (TypeError, ValueError):
-            load = np.asarray(loads, dtype=np.int64)
-        if load.shape[0] != self.n_engines:
-            raise ValueError(
-                f"loads must have shape ({self.n_engines},), got ({load.shape[0]},)")
+        cdef const int64_t[:] load = _as_loads(loads, self.n_engines)
         cdef Py_ssize_t first = self._pick(key_hash, row, mask_ptr)
         if first < 0:
             return -1
-        cdef Py_ssize_t i, n = self.n_engines, m = 0, j, best_j
-        cdef double total_w = 0.0, scale
-        cdef int64_t total_load = 0
+        cdef LoadScan scan
+        self._scan_rank(key_hash, row, mask_ptr, load, 0, NULL, NULL, &scan)
+        cdef double scale = balance_factor * <double>(scan.total_load + 1) / scan.total_w
+        if <double>(load[first] + 1) <= scale * self._w[row, first]:
+            return first
+        # The first within-bound engine of the ranking is the within-bound engine of
+        # least (score, id): one pass, whatever the number of engines over the bound.
+        cdef Py_ssize_t result
+        with nogil:
+            result = self._pick_within(key_hash, row, mask_ptr, load, scale)
+        return first if result < 0 else result
+
+    cdef Py_ssize_t _pick_within(self, uint64_t key_hash, Py_ssize_t row,
+                                 const uint8_t* available, const int64_t[:] load,
+                                 double scale) noexcept nogil:
+        # _pick over the engines with load + 1 <= scale * w (pick_bounded's bound).
+        cdef Py_ssize_t i, best_i = -1, n = self.n_engines
         cdef const double* w = &self._w[row, 0]
         cdef const double* inv_w = &self._inv_w[row, 0]
+        cdef const uint64_t* ids = &self._ids[0]
+        cdef double best = INFINITY, iw, u, s
         for i in range(n):
-            if inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0):
-                total_w += w[i]
-                total_load += load[i]
-        scale = balance_factor * <double>(total_load + 1) / total_w
-        if <double>(load[first] + 1) <= scale * w[first]:
-            return first
-        # Rare path: walk the full ranking. Scores of every eligible engine, then
-        # repeated selection of the next (score, id) in order; the walk is short.
-        cdef Py_ssize_t* idx = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t))
-        cdef double* score = <double*>malloc(n * sizeof(double))
-        cdef bint* used = <bint*>malloc(n * sizeof(bint))
-        if idx == NULL or score == NULL or used == NULL:
-            free(idx)
-            free(score)
-            free(used)
-            raise MemoryError()
-        cdef Py_ssize_t result = first
-        with nogil:
-            for i in range(n):
-                if inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0):
-                    idx[m] = i
-                    score[m] = -log(unit_open(mix64(key_hash ^ self._seeds[i]))) * inv_w[i]
-                    used[m] = False
-                    m += 1
-            for _ in range(m):
-                best_j = -1
-                for j in range(m):
-                    if not used[j] and (best_j < 0 or _before(
-                            score[j], self._ids[idx[j]], score[best_j], self._ids[idx[best_j]])):
-                        best_j = j
-                used[best_j] = True
-                i = idx[best_j]
-                if <double>(load[i] + 1) <= scale * w[i]:
-                    result = i
-                    break
-        free(idx)
-        free(score)
-        free(used)
-        return result
+            iw = inv_w[i]
+            if iw == INFINITY or (available != NULL and available[i] == 0):
+                continue
+            if not <double>(load[i] + 1) <= scale * w[i]:
+                continue
+            u = unit_open(mix64(key_hash ^ self._seeds[i]))
+            if (1.0 - u) * iw > best:
+                continue
+            s = -log(u) * iw
+            if best_i < 0 or _before(s, ids[i], best, ids[best_i]):
+                best = s
+                best_i = i
+        return best_i
+
+    cdef Py_ssize_t _scan_rank(self, uint64_t key_hash, Py_ssize_t row,
+                               const uint8_t* available, const int64_t[:] load, Py_ssize_t k,
+                               Py_ssize_t* out_idx, double* out_score,
+                               LoadScan* scan) noexcept nogil:
+        # One pass: the load totals and least load of the eligible engines and (k > 0)
+        # the top-k ranking of key_hash, as _rank. Everything the loop reads or updates
+        # is a local (no store through a pointer can alias it), so it stays in registers.
+        cdef Py_ssize_t i, m = 0, n = self.n_engines, least_idx = -1, n_least = 0
+        if n == 0:
+            scan.total_w, scan.total_load, scan.least_load = 0.0, 0, 0
+            scan.least_idx, scan.n_least = -1, 0
+            return 0
+        cdef const double* w = &self._w[row, 0]
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        cdef const uint64_t* seeds = &self._seeds[0]
+        cdef const uint64_t* ids = &self._ids[0]
+        cdef const char* load_base = <const char*>&load[0]
+        cdef Py_ssize_t load_stride = load.strides[0]
+        cdef double threshold = INFINITY, iw, u, s, total_w = 0.0
+        cdef int64_t total_load = 0, li, least = 0
+        cdef Py_ssize_t ties[SCAN_TIES]
+        for i in range(n):
+            iw = inv_w[i]
+            if iw == INFINITY or (available != NULL and available[i] == 0):
+                continue
+            li = (<const int64_t*>(load_base + i * load_stride))[0]
+            total_w += w[i]
+            total_load += li
+            if least_idx < 0 or li < least:
+                least = li
+                least_idx = i
+                n_least = 1
+                ties[0] = i
+            elif li == least:
+                if n_least < SCAN_TIES:
+                    ties[n_least] = i
+                n_least += 1
+            if k == 0:
+                continue
+            u = unit_open(mix64(key_hash ^ seeds[i]))
+            if (1.0 - u) * iw > threshold:
+                continue
+            s = -log(u) * iw
+            m = _insert_top(i, s, ids, m, k, out_idx, out_score)
+            if m == k:
+                threshold = out_score[m - 1]
+        scan.total_w = total_w
+        scan.total_load = total_load
+        scan.least_load = least
+        scan.least_idx = least_idx
+        scan.n_least = n_least
+        for i in range(min(n_least, SCAN_TIES)):
+            scan.ties[i] = ties[i]
+        return m
+
+    cdef Py_ssize_t _rank_bounded(self, uint64_t key_hash, Py_ssize_t row,
+                                  const uint8_t* available, const int64_t[:] load,
+                                  double total_w, double limit, Py_ssize_t k,
+                                  Py_ssize_t* out_idx, double* out_score) noexcept nogil:
+        # _rank over the engines within rank_prefix's bound: load * W <= limit * w.
+        cdef Py_ssize_t i, m = 0, n = self.n_engines
+        cdef const double* w = &self._w[row, 0]
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        cdef const uint64_t* ids = &self._ids[0]
+        cdef double threshold = INFINITY, iw, u, s
+        for i in range(n):
+            iw = inv_w[i]
+            if iw == INFINITY or (available != NULL and available[i] == 0):
+                continue
+            if not <double>load[i] * total_w <= limit * w[i]:
+                continue
+            u = unit_open(mix64(key_hash ^ self._seeds[i]))
+            if (1.0 - u) * iw > threshold:
+                continue
+            s = -log(u) * iw
+            m = _insert_top(i, s, ids, m, k, out_idx, out_score)
+            if m == k:
+                threshold = out_score[m - 1]
+        return m
+
+    cdef Py_ssize_t _rank_prefix_c(self, const uint64_t* keys, Py_ssize_t n_keys,
+                                   Py_ssize_t row, Py_ssize_t k, const uint8_t* available,
+                                   const int64_t[:] load, double c, Py_ssize_t* out_idx,
+                                   double* out_score, Py_ssize_t* used,
+                                   LoadScan* scan) noexcept nogil:
+        # rank_prefix for 1 <= k <= n_engines and n_keys >= 1: the ranking's length, the
+        # deciding key in used[0] (-1 when nothing is eligible) and the fleet's load scan.
+        # The first key's ranking shares the pass that sums the loads.
+        cdef Py_ssize_t j, e
+        cdef Py_ssize_t m = self._scan_rank(keys[0], row, available, load, k, out_idx,
+                                            out_score, scan)
+        used[0] = -1
+        if m == 0:
+            return 0
+        cdef const double* w = &self._w[row, 0]
+        # Within bound iff load_e * W <= c * L * w_e (same arithmetic as the spec).
+        cdef double limit = c * <double>scan.total_load
+        cdef Py_ssize_t last = n_keys - 1, m_bounded = 0
+        # The last key's ranking also yields its ranking over the engines within bound
+        # (the fallback), in the same pass; off when the buffers cannot be had.
+        cdef Py_ssize_t small_idx[8]
+        cdef double small_score[8]
+        cdef Py_ssize_t* b_idx = small_idx
+        cdef double* b_score = small_score
+        if k > 8:
+            b_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+            b_score = <double*>malloc(k * sizeof(double))
+        cdef bint dual = last > 0 and b_idx != NULL and b_score != NULL
+        for j in range(n_keys):
+            if j == last and dual:
+                m = self._rank_both(keys[j], row, available, load, scan.total_w, limit, k,
+                                    out_idx, out_score, b_idx, b_score, &m_bounded)
+            elif j > 0:
+                m = self._rank(keys[j], row, available, k, out_idx, out_score)
+            e = out_idx[0]
+            if <double>load[e] * scan.total_w <= limit * w[e]:
+                used[0] = j
+                break
+        if used[0] < 0:
+            used[0] = n_keys
+            if not dual:
+                m = self._rank_bounded(keys[last], row, available, load, scan.total_w,
+                                       limit, k, out_idx, out_score)
+                if m == 0:
+                    m = self._rank(keys[last], row, available, k, out_idx, out_score)
+            elif m_bounded > 0:
+                for j in range(m_bounded):
+                    out_idx[j] = b_idx[j]
+                    out_score[j] = b_score[j]
+                m = m_bounded
+            # (Else out_* hold the last key's ranking over the eligible engines: the
+            # answer when rounding leaves no engine within bound.)
+        if k > 8:
+            free(b_idx)
+            free(b_score)
+        return m
+
+    cdef Py_ssize_t _rank_both(self, uint64_t key_hash, Py_ssize_t row,
+                               const uint8_t* available, const int64_t[:] load,
+                               double total_w, double limit, Py_ssize_t k,
+                               Py_ssize_t* out_idx, double* out_score, Py_ssize_t* b_idx,
+                               double* b_score, Py_ssize_t* m_bounded) noexcept nogil:
+        # _rank into out_* and _rank_bounded into b_* (its length in m_bounded), one pass.
+        cdef Py_ssize_t i, m = 0, mb = 0, n = self.n_engines
+        cdef const double* w = &self._w[row, 0]
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        cdef const uint64_t* ids = &self._ids[0]
+        cdef double threshold = INFINITY, b_threshold = INFINITY, iw, u, s, bound
+        cdef bint within
+        for i in range(n):
+            iw = inv_w[i]
+            if iw == INFINITY or (available != NULL and available[i] == 0):
+                continue
+            u = unit_open(mix64(key_hash ^ self._seeds[i]))
+            bound = (1.0 - u) * iw
+            within = <double>load[i] * total_w <= limit * w[i]
+            if bound > threshold and (not within or bound > b_threshold):
+                continue
+            s = -log(u) * iw
+            if not bound > threshold:
+                m = _insert_top(i, s, ids, m, k, out_idx, out_score)
+                if m == k:
+                    threshold = out_score[m - 1]
+            if within and not bound > b_threshold:
+                mb = _insert_top(i, s, ids, mb, k, b_idx, b_score)
+                if mb == k:
+                    b_threshold = b_score[mb - 1]
+        m_bounded[0] = mb
+        return m
+
+    cdef Py_ssize_t _least_loaded(self, uint64_t key_hash, Py_ssize_t row,
+                                  const uint8_t* available, const int64_t[:] load,
+                                  const LoadScan* scan) noexcept nogil:
+        # least_loaded from a scan of the same loads: one engine of least load is the
+        # answer; ties go by _pick over the tied engines.
+        if scan.n_least <= 1:
+            return scan.least_idx
+        cdef Py_ssize_t i, j, best_i = -1, n = self.n_engines
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        cdef const uint64_t* ids = &self._ids[0]
+        cdef double best = INFINITY, iw, u, s
+        cdef int64_t least = scan.least_load
+        if scan.n_least <= SCAN_TIES:  # the scan kept every tie: no second pass
+            for j in range(scan.n_least):
+                i = scan.ties[j]
+                s = -log(unit_open(mix64(key_hash ^ self._seeds[i]))) * inv_w[i]
+                if best_i < 0 or _before(s, ids[i], best, ids[best_i]):
+                    best = s
+                    best_i = i
+            return best_i
+        for i in range(n):
+            iw = inv_w[i]
+            if iw == INFINITY or (available != NULL and available[i] == 0) or load[i] != least:
+                continue
+            u = unit_open(mix64(key_hash ^ self._seeds[i]))
+            if (1.0 - u) * iw > best:
+                continue
+            s = -log(u) * iw
+            if best_i < 0 or _before(s, ids[i], best, ids[best_i]):
+                best = s
+                best_i = i
+        return best_i
 
     def rank_prefix(self, key_hashes, Py_ssize_t row, Py_ssize_t k, loads,
                     double balance_factor, available=None):
@@ -291,13 +511,7 @@ cdef class Selector:
             mask = _as_mask(available, n)
             if n:
                 mask_ptr = &mask[0]
-        cdef const int64_t[:] load
-        try:
-            load = loads
-        except (TypeError, ValueError):
-            load = np.asarray(loads, dtype=np.int64)
-        if load.shape[0] != n:
-            raise ValueError(f"loads must have shape ({n},), got ({load.shape[0]},)")
+        cdef const int64_t[:] load = _as_loads(loads, n)
         if k > n:
             k = n
         if k == 0:
@@ -306,7 +520,6 @@ cdef class Selector:
         cdef double small_score[8]
         cdef Py_ssize_t* out_idx = small_idx
         cdef double* out_score = small_score
-        cdef uint8_t* bounded = NULL
         if k > 8:
             out_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
             out_score = <double*>malloc(k * sizeof(double))
@@ -314,40 +527,15 @@ cdef class Selector:
                 free(out_idx)
                 free(out_score)
                 raise MemoryError()
-        cdef Py_ssize_t i, j, m = 0, used = -1, e
-        cdef double total_w = 0.0, limit
-        cdef int64_t total_load = 0
-        cdef const double* w = &self._w[row, 0]
-        cdef const double* inv_w = &self._inv_w[row, 0]
+        cdef Py_ssize_t j, m, used
+        cdef LoadScan scan
         try:
-            for i in range(n):
-                if inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0):
-                    total_w += w[i]
-                    total_load += load[i]
-            # Within bound iff load_e * W <= c * L * w_e (same arithmetic as the spec).
-            limit = c * <double>total_load
-            for j in range(n_keys):
-                m = self._rank(keys[j], row, mask_ptr, k, out_idx, out_score)
-                if m == 0:
-                    return [], -1
-                e = out_idx[0]
-                if <double>load[e] * total_w <= limit * w[e]:
-                    used = j
-                    break
-            if used < 0:
-                bounded = <uint8_t*>malloc(n * sizeof(uint8_t))
-                if bounded == NULL:
-                    raise MemoryError()
-                for i in range(n):
-                    bounded[i] = (inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0)
-                                  and <double>load[i] * total_w <= limit * w[i])
-                m = self._rank(keys[n_keys - 1], row, bounded, k, out_idx, out_score)
-                if m == 0:
-                    m = self._rank(keys[n_keys - 1], row, mask_ptr, k, out_idx, out_score)
-                used = n_keys
+            m = self._rank_prefix_c(keys, n_keys, row, k, mask_ptr, load, c, out_idx,
+                                    out_score, &used, &scan)
+            if m == 0:
+                return [], -1
             return [out_idx[j] for j in range(m)], used
         finally:
-            free(bounded)
             if k > 8:
                 free(out_idx)
                 free(out_score)
@@ -363,30 +551,7 @@ cdef class Selector:
             mask = _as_mask(available, n)
             if n:
                 mask_ptr = &mask[0]
-        cdef const int64_t[:] load
-        try:
-            load = loads
-        except (TypeError, ValueError):
-            load = np.asarray(loads, dtype=np.int64)
-        if load.shape[0] != n:
-            raise ValueError(f"loads must have shape ({n},), got ({load.shape[0]},)")
-        cdef Py_ssize_t i, found = 0, best
-        cdef int64_t least = 0
-        cdef const double* inv_w = &self._inv_w[row, 0] if n else NULL
-        for i in range(n):
-            if inv_w[i] == INFINITY or (mask_ptr != NULL and mask_ptr[i] == 0):
-                continue
-            if not found or load[i] < least:
-                least = load[i]
-                found = 1
-        if not found:
-            return -1
-        cdef uint8_t* ties = <uint8_t*>malloc(n * sizeof(uint8_t))
-        if ties == NULL:
-            raise MemoryError()
-        for i in range(n):
-            ties[i] = (inv_w[i] != INFINITY and (mask_ptr == NULL or mask_ptr[i] != 0)
-                       and load[i] == least)
-        best = self._pick(key_hash, row, ties)
-        free(ties)
-        return best
+        cdef const int64_t[:] load = _as_loads(loads, n)
+        cdef LoadScan scan
+        self._scan_rank(0, row, mask_ptr, load, 0, NULL, NULL, &scan)
+        return self._least_loaded(key_hash, row, mask_ptr, load, &scan)

@@ -14,7 +14,7 @@ Algorithm
     A prompt with no depth key (shorter than ``b``) uses the routing key alone.
 
     1. **Hot groups are skipped.** A group is hot when its decayed share of the recent
-       token weight (:class:`~fastroute.policy.hot_keys.HotKeys`, half-life
+       token weight (:class:`~fastroute._core.prefix_py.HotKeys`, half-life
        ``hot_half_life_requests``) exceeds ``h / n``, ``h = hot_share_factor`` times the
        mean engine share over the row's ``n`` eligible engines: more than its home may
        carry (it stays hot until its share falls below half that: hysteresis). The
@@ -84,9 +84,11 @@ Invariants
 
 Cost per request
     Hashing at most ``2 · prefix_bytes`` bytes (xxh3), one share lookup and (on routing)
-    one update per depth key, one O(n) pass for the totals and one O(n) rendezvous
-    ranking per candidate key tried (one when the home is within bound), in the compiled
-    selector; ``bench/bench_prefix_pick.py`` times it.
+    one update per depth key, and one O(n) pass over the fleet that ranks the first
+    candidate and sums the loads (one more per further candidate tried; the bounded
+    fallback's ranking shares the last candidate's), all in the compiled core
+    (``fastroute/_core/prefix.pyx``; its spec is ``prefix_py.py``);
+    ``bench/bench_prefix_pick.py`` times it.
 
 ``Decision.reason``: ``"prefix-home"`` (the first candidate's home), ``"prefix-spill"``
 (a later candidate's home), ``"bounded-spill"`` (no home within bound), ``"cost-spill"``
@@ -100,9 +102,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import numpy as np
-import xxhash
-
+from fastroute._core import PrefixPicker
+from fastroute._core.prefix_py import (
+    AFFINITY_CACHED_FRACTION,
+    HOT_LEAVE_RATIO,
+    MAX_CANDIDATES,
+    MAX_DEPTH_KEYS,
+    MIN_BLOCK_BYTES,
+    depth_keys,
+)
 from fastroute.policy.base import (
     DEFAULT_K,
     Decision,
@@ -112,52 +120,21 @@ from fastroute.policy.base import (
     RouteRequest,
     check_k,
 )
-from fastroute.policy.hot_keys import HotKeys
 from fastroute.tokens import BYTES_PER_TOKEN
 
-__all__ = ["PrefixHRW", "depth_keys"]
+__all__ = [
+    "AFFINITY_CACHED_FRACTION",
+    "HOT_LEAVE_RATIO",
+    "MAX_CANDIDATES",
+    "MIN_BLOCK_BYTES",
+    "PrefixHRW",
+    "depth_keys",
+]
 
 _ORDERS = ("shallow", "deep")
-_ALL = 1 << 30
-_hash = xxhash.xxh3_64_intdigest
-
-#: A hot group stays hot until its share falls below this fraction of the entry
-#: threshold (hysteresis: a group near the threshold must not flip engines per request).
-HOT_LEAVE_RATIO = 0.5
-
-#: Candidate keys tried against the load bound: the first group that is not hot and
-#: its first sub-group that is not hot (then the deepest key, whose rendezvous order the
-#: bounded fallback uses). More candidates cost one O(n) ranking each and rarely change
-#: the pick.
-MAX_CANDIDATES = 2
-
-#: A request whose estimated cached prefix is at least this fraction of its prompt stays
-#: with its home (only the c-bound moves it); below it, the request goes to the
-#: least-loaded engine when the home's extra in-flight tokens exceed the saving. The
-#: estimate is the deepest *seen* depth, and depths double, so it is low by up to 2x:
-#: 0.25 of the estimate means less than half of the prompt truly cached. In-flight tokens
-#: overstate queued work (most are contexts already prefilled), which is why the load
-#: comparison is only trusted when little is saved.
-AFFINITY_CACHED_FRACTION = 0.25
-
-#: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
-MIN_BLOCK_BYTES = 64
-
-
-def depth_keys(prefix: bytes, block_bytes: int) -> list[tuple[int, int]]:
-    """``(depth_bytes, xxh3_64(prefix[:depth_bytes]))`` for doubling depths, shallow first.
-
-    Depths are ``block_bytes · 2^j`` for ``j >= 0`` while at most ``len(prefix)``; empty
-    when the prefix is shorter than one block. (Unseeded xxh3 of each whole prefix: a
-    seeded xxh3 derives a secret per call, which costs more than the extra bytes.)
-    """
-    keys = []
-    depth = block_bytes
-    view = memoryview(prefix)
-    while depth <= len(prefix):
-        keys.append((depth, _hash(view[:depth])))
-        depth *= 2
-    return keys
+#: Deepest ``prefix_bytes / block_bytes`` (exclusive): the compiled core keeps at most
+#: :data:`~fastroute._core.prefix_py.MAX_DEPTH_KEYS` keys per request.
+_MAX_DEPTH_RATIO = 1 << (MAX_DEPTH_KEYS - 2)
 
 
 class PrefixHRW(Policy):
@@ -199,10 +176,15 @@ class PrefixHRW(Policy):
                 f"prefix-hrw: block_bytes must be an integer >= {MIN_BLOCK_BYTES}, "
                 f"got {block_bytes!r}"
             )
-        if not isinstance(prefix_bytes, int) or prefix_bytes < block_bytes:
+        if (
+            not isinstance(prefix_bytes, int)
+            or prefix_bytes < block_bytes
+            or prefix_bytes // block_bytes >= _MAX_DEPTH_RATIO
+        ):
             raise PolicyConfigError(
                 f"prefix-hrw: prefix_bytes must be an integer >= block_bytes "
-                f"({block_bytes}), got {prefix_bytes!r}"
+                f"({block_bytes}) and < block_bytes * 2**{MAX_DEPTH_KEYS - 2}, "
+                f"got {prefix_bytes!r}"
             )
         if not balance_factor >= 1.0:
             raise PolicyConfigError(
@@ -224,138 +206,45 @@ class PrefixHRW(Policy):
         self.hot_share_factor = float(hot_share_factor)
         self.hot_half_life_requests = float(hot_half_life_requests)
         self.order = order
-        self.hot = HotKeys(self.hot_half_life_requests)
-        # The keys of the last decided request, for on_routed (same request object).
-        self._last: tuple[RouteRequest | None, list[int]] = (None, [])
-        self._observe_upto = _ALL
+        self._picker = PrefixPicker(
+            block_bytes,
+            prefix_bytes,
+            self.balance_factor,
+            self.hot_share_factor,
+            self.hot_half_life_requests,
+            deep=order == "deep",
+            bytes_per_token=float(BYTES_PER_TOKEN),
+        )
+
+    @property
+    def hot(self) -> object:
+        """The share estimate (``fastroute._core.HotKeys``)."""
+        return self._picker.hot
 
     def keys(self, request: RouteRequest) -> list[tuple[int, int]]:
         """The request's ``(depth_bytes, key)`` pairs, shallow first (see the module)."""
-        keys = depth_keys(request.prefix[: self.prefix_bytes], self.block_bytes)
-        depth = request.key_depth_bytes
-        if depth >= 0 and keys:
-            at = 0
-            while at < len(keys) and keys[at][0] <= depth:
-                at += 1
-            keys.insert(at, (depth, request.key_hash))
-        return keys or [(0, request.key_hash)]
+        return self._picker.keys(request.prefix, request.key_hash, request.key_depth_bytes)
 
     def choose(self, request: RouteRequest, view: FleetView, k: int = DEFAULT_K) -> Decision:
         check_k(k)
-        keys = self.keys(request)
-        self._last = (request, [h for _, h in keys])
-        mask = view.eligible(request.row)
-        candidates = self._candidates(keys, mask)
         loads = view.in_flight_tokens()
         if loads is None:
             loads = view.in_flight()
-        ranked, used = view.selector.rank_prefix(
-            [h for _, h in candidates], request.row, k, loads, self.balance_factor, mask
+        ranked, reason, depth = self._picker.choose(
+            view.selector, request, view.eligible(request.row), loads, k
         )
         if not ranked:
             return self._empty()
-        if used >= len(candidates):
-            reason, depth = "bounded-spill", -1
-        else:
-            depth = candidates[used][0]
-            reason = "prefix-home" if used == 0 else "prefix-spill"
-            if len(request.prefix) < self.block_bytes:
-                reason = "no-prefix"
-            declared = depth == 0 and request.key_depth_bytes == 0  # the client's session
-            least = -1
-            if not declared:
-                least = self._cheaper_elsewhere(request, keys, depth, ranked[0], loads, view)
-            if least >= 0:
-                ranked = [least, *(i for i in ranked if i != least)][:k]
-                reason, depth = "cost-spill", -1
+        # Built here rather than by _decision: the picker's values are ints and floats.
+        ids = self._engine_ids(view)
         scores = (float(depth),) + (0.0,) * (len(ranked) - 1)
-        return self._decision(view, ranked, reason, scores)
-
-    def _cheaper_elsewhere(
-        self,
-        request: RouteRequest,
-        keys: list[tuple[int, int]],
-        depth: int,
-        home: int,
-        loads: np.ndarray,
-        view: FleetView,
-    ) -> int:
-        """The least-loaded eligible engine if the request is mostly not cached at its
-        home and the home's extra load costs more tokens than the cached part saves,
-        else -1.
-
-        The saving is estimated as the deepest depth of this request already seen by the
-        share estimate (the prefix its group has sent recently), at least the deciding
-        key's depth, in tokens at ``BYTES_PER_TOKEN``; the extra queue is the home's
-        in-flight tokens minus the least-loaded engine's.
-        """
-        hot = self.hot
-        seen = depth
-        for d, key in reversed(keys):
-            if d <= seen:
-                break
-            if hot.share(key) > 0.0:
-                seen = d
-                break
-        saving_tokens = seen / BYTES_PER_TOKEN
-        if saving_tokens >= AFFINITY_CACHED_FRACTION * request.prompt_tokens:
-            return -1  # mostly cached at home: affinity wins, the c-bound guards the rest
-        home_load = int(loads[home])
-        if home_load <= saving_tokens:
-            return -1  # no engine can be lighter by more than the saving
-        least = view.selector.least_loaded(
-            keys[-1][1], request.row, loads, view.eligible(request.row)
-        )
-        if least < 0 or least == home or home_load - int(loads[least]) <= saving_tokens:
-            return -1
-        return least
-
-    def _candidates(self, keys: list[tuple[int, int]], mask: np.ndarray) -> list[tuple[int, int]]:
-        """The keys to try, in order: those of groups that are not hot (else the deepest)."""
-        hot = self.hot
-        # Too few observations to tell a share from noise: nothing is hot yet.
-        n_eligible = int(np.count_nonzero(mask))
-        deepest, keys_by_depth = keys[-1], keys
-        if self.order == "deep":
-            keys = keys[::-1]
-        if n_eligible > 1 and hot.requests >= 2 * n_eligible:
-            enter = self.hot_share_factor / n_eligible
-            leave = enter * HOT_LEAVE_RATIO
-            cold = []
-            for kd in keys:
-                if not hot.is_hot(kd[1], enter, leave):
-                    cold.append(kd)
-                    if len(cold) == MAX_CANDIDATES:
-                        break
-            keys = cold or keys[-1:]
-        else:
-            keys = keys[:MAX_CANDIDATES]
-        # on_routed observes through the deepest candidate's next depth.
-        self._observe_upto = (
-            len(keys_by_depth)
-            if self.order == "deep"
-            else 1 + max((i for i, kd in enumerate(keys_by_depth) if kd in keys), default=0)
-        )
-        # The bounded fallback ranks by the last candidate: make it the most specific key,
-        # so requests that all share the candidates' prefixes do not herd onto one engine.
-        if keys[-1] != deepest:
-            keys = [*keys, deepest]
-        return keys
+        return Decision(tuple(ranked), tuple([ids[i] for i in ranked]), self.name, reason, scores)
 
     def on_routed(self, request: RouteRequest, engine_id: int) -> None:
-        last, keys = self._last
-        upto = self._observe_upto
-        if last is not request:
-            keys, upto = [h for _, h in self.keys(request)], _ALL
-        weight = request.prompt_tokens + (request.expected_output_tokens or 0)
-        # Shares matter down to the first group that is not hot and its sub-group:
-        # deeper keys start counting when their parent becomes hot.
-        self.hot.observe(keys[: upto + 1], float(max(weight, 1)))
+        self._picker.on_routed(request)
 
     def reset(self) -> None:
-        self.hot.reset()
-        self._last = (None, [])
-        self._observe_upto = _ALL
+        self._picker.reset()
 
     def __repr__(self) -> str:
         return (

@@ -264,6 +264,28 @@ if "cy" in IMPLS:
                         chain, row, k, loads, factor, mask
                     )
 
+    def test_compiled_matches_spec_on_idle_fleets_and_many_ties(rand) -> None:
+        """Equal loads (an idle fleet: every engine over pick_bounded's bound, all tied at
+        the least load) and a few load levels (ties above and below the count the
+        compiled scan keeps)."""
+        for n, levels in [(1, 1), (7, 1), (50, 1), (50, 2), (300, 3), (300, 40)]:
+            ids = [engine_id(f"tie{i}") for i in range(n)]
+            weights = rand.np.random((1, n)) + 0.05
+            py, cy = _core.SelectorPy(ids, weights), _core.SelectorC(ids, weights)
+            mask = (rand.np.random(n) < 0.9).astype(np.uint8)
+            # A strided column, as the stats block's in-flight counters are.
+            loads = rand.np.integers(0, levels, size=(n, 3)).astype(np.int64)[:, 1]
+            for key in _keys(rand, 60):
+                assert py.pick_bounded(key, 0, loads, 2.0) == cy.pick_bounded(key, 0, loads, 2.0)
+                assert py.rank_prefix([key, 7], 0, 3, loads, 1.0, mask) == cy.rank_prefix(
+                    [key, 7], 0, 3, loads, 1.0, mask
+                )
+                assert py.pick_bounded(key, 0, loads, 1.0, mask) == cy.pick_bounded(
+                    key, 0, loads, 1.0, mask
+                )
+                assert py.least_loaded(key, 0, loads, mask) == cy.least_loaded(key, 0, loads, mask)
+                assert py.least_loaded(key, 0, loads) == cy.least_loaded(key, 0, loads)
+
 
 # -- statistical properties --------------------------------------------------------------
 

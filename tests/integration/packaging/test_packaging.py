@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[3]
 VERSION = importlib.metadata.version("fastroute")
 #: Sources the compiled core is built from: they must ship in the sdist (and the .pyi/.pxd
 #: in the wheel, for type checkers and for Cython users cimporting them).
-CORE_SOURCES = ("selector.pyx", "selector.pxd", "shm.pyx", "mix.pxd", "atomics.h")
-CORE_STUBS = ("selector.pyi", "shm.pyi", "selector.pxd", "mix.pxd")
-EXTENSIONS = ("fastroute._core.selector", "fastroute._core.shm")
+CORE_SOURCES = ("selector.pyx", "selector.pxd", "shm.pyx", "prefix.pyx", "mix.pxd", "atomics.h")
+CORE_STUBS = ("selector.pyi", "shm.pyi", "prefix.pyi", "selector.pxd", "mix.pxd")
+EXTENSIONS = ("fastroute._core.selector", "fastroute._core.shm", "fastroute._core.prefix")
 #: What a source checkout contributes to an sdist (everything else is tests, docs, tooling).
 TOP_LEVEL = ("pyproject.toml", "setup.py", "README.md", "MANIFEST.in", "LICENSE")
 PACKAGES = ("fastroute", "controller")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastroute.policy.hot_keys import HotKeys
+from fastroute._core import HotKeys
 
 
 def test_shares_follow_the_observed_weight() -> None:

@@ -1,0 +1,49 @@
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fastroute._core.selector import Selector
+
+def depth_keys(prefix: bytes, block_bytes: int) -> list[tuple[int, int]]: ...
+
+class HotKeys:
+    """Exponentially decayed per-key shares of the observed token weight (compiled)."""
+
+    def __init__(self, half_life_requests: float, max_keys: int = ...) -> None: ...
+    @property
+    def requests(self) -> int:
+        """Requests observed so far (the logical clock)."""
+    def __len__(self) -> int: ...
+    def observe(self, keys: Sequence[int], weight: float) -> None: ...
+    def share(self, key: int) -> float: ...
+    def is_hot(self, key: int, enter_share: float, leave_share: float) -> bool: ...
+    def reset(self) -> None: ...
+
+class PrefixPicker:
+    """The per-request work of ``prefix-hrw`` (compiled)."""
+
+    block_bytes: int
+    prefix_bytes: int
+    balance_factor: float
+    hot_share_factor: float
+    deep: bool
+    bytes_per_token: float
+    hot: HotKeys
+    def __init__(
+        self,
+        block_bytes: int,
+        prefix_bytes: int,
+        balance_factor: float,
+        hot_share_factor: float,
+        hot_half_life_requests: float,
+        deep: bool = False,
+        bytes_per_token: float = 4.0,
+        max_keys: int = ...,
+    ) -> None: ...
+    def keys(self, prefix: bytes, key_hash: int, key_depth_bytes: int) -> list[tuple[int, int]]: ...
+    def choose(
+        self, selector: Selector, request: Any, available: np.ndarray | None, loads: Any, k: int
+    ) -> tuple[list[int], str, int]: ...
+    def on_routed(self, request: Any) -> None: ...
+    def reset(self) -> None: ...

@@ -1,0 +1,437 @@
+# The prefix-hrw decision, compiled. The spec is prefix_py.py (its module docstring states
+# the share arithmetic and the pruning rule); any divergence between the two is a bug and
+# tests/unit/test_prefix_core.py checks parity.
+cimport cython
+from cpython.buffer cimport PyBUF_READ
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.memoryview cimport PyMemoryView_FromMemory
+from libc.math cimport pow
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, qsort
+from libc.string cimport memcpy
+
+from fastroute._core.mix cimport mix64
+from fastroute._core.selector cimport LoadScan, Selector, _as_loads, _as_mask
+
+import xxhash
+
+from fastroute._core.prefix_py import (
+    AFFINITY_CACHED_FRACTION,
+    DEFAULT_MAX_KEYS,
+    HOT_LEAVE_RATIO,
+    MAX_CANDIDATES,
+    MAX_DEPTH_KEYS,
+    depth_keys,
+)
+
+__all__ = ["HotKeys", "PrefixPicker", "depth_keys"]
+
+cdef enum:
+    _KEYS_CAP = 64          # == MAX_DEPTH_KEYS (checked at import)
+    _CANDIDATES_CAP = 3     # MAX_CANDIDATES + the deepest key
+    _SMALL_K = 8            # rankings up to this length need no allocation
+    _INITIAL_SLOTS = 256    # the share table starts here and doubles
+
+if MAX_DEPTH_KEYS != _KEYS_CAP or MAX_CANDIDATES + 1 != _CANDIDATES_CAP:
+    raise ImportError("fastroute._core.prefix was built against other prefix_py limits")
+
+cdef object _xxh3 = xxhash.xxh3_64_intdigest
+cdef double _leave_ratio = HOT_LEAVE_RATIO
+cdef double _cached_fraction = AFFINITY_CACHED_FRACTION
+cdef Py_ssize_t _max_candidates = MAX_CANDIDATES
+cdef Py_ssize_t _all_keys = 1 << 30
+
+
+cdef struct Slot:
+    uint64_t key
+    double weight       # as of stamp
+    int64_t stamp       # the tick it was last observed; 0 marks an empty slot
+    uint8_t hot         # hot at its last is_hot()
+
+
+cdef int _compare_stamps(const void* a, const void* b) noexcept nogil:
+    cdef int64_t x = (<const int64_t*>a)[0], y = (<const int64_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+@cython.final
+cdef class HotKeys:
+    """Exponentially decayed per-key shares of the observed token weight (compiled).
+
+    Same API and same shares as ``fastroute._core.prefix_py.HotKeys``, its spec, in an
+    open-addressing table (linear probing, at most 3/4 full, no deletion but by the
+    rebuild of a prune).
+    """
+
+    cdef Slot* _slots
+    cdef Py_ssize_t _capacity       # a power of two
+    cdef Py_ssize_t _count
+    cdef Py_ssize_t _max_keys
+    cdef double _decay
+    cdef double _total
+    cdef int64_t _t
+
+    def __cinit__(self, double half_life_requests, Py_ssize_t max_keys=DEFAULT_MAX_KEYS):
+        if not half_life_requests > 0:
+            raise ValueError(f"half_life_requests must be > 0, got {half_life_requests}")
+        if max_keys < 16:
+            raise ValueError(f"max_keys must be >= 16, got {max_keys}")
+        self._decay = 0.5 ** (1.0 / half_life_requests)
+        self._max_keys = max_keys
+        self._slots = <Slot*>calloc(_INITIAL_SLOTS, sizeof(Slot))
+        if self._slots == NULL:
+            raise MemoryError()
+        self._capacity = _INITIAL_SLOTS
+
+    def __dealloc__(self):
+        free(self._slots)
+
+    @property
+    def requests(self):
+        """Requests observed so far (the logical clock)."""
+        return self._t
+
+    def __len__(self):
+        return self._count
+
+    cdef inline Slot* _find(self, uint64_t key) noexcept nogil:
+        # The key's slot, or the empty slot where it would go.
+        cdef Py_ssize_t mask = self._capacity - 1
+        cdef Py_ssize_t i = <Py_ssize_t>(mix64(key) & <uint64_t>mask)
+        cdef Slot* slot = &self._slots[i]
+        while slot.stamp != 0 and slot.key != key:
+            i = (i + 1) & mask
+            slot = &self._slots[i]
+        return slot
+
+    cdef int _rehash(self, Py_ssize_t capacity, int64_t min_stamp) except -1:
+        # Move every entry of stamp >= min_stamp into a fresh table of `capacity` slots.
+        cdef Slot* old = self._slots
+        cdef Py_ssize_t i, old_capacity = self._capacity
+        cdef Slot* fresh = <Slot*>calloc(capacity, sizeof(Slot))
+        if fresh == NULL:
+            raise MemoryError()
+        self._slots = fresh
+        self._capacity = capacity
+        self._count = 0
+        for i in range(old_capacity):
+            if old[i].stamp != 0 and old[i].stamp >= min_stamp:
+                memcpy(self._find(old[i].key), &old[i], sizeof(Slot))
+                self._count += 1
+        free(old)
+        return 0
+
+    cdef int _observe(self, const uint64_t* keys, Py_ssize_t n_keys, double weight) except -1:
+        cdef int64_t t = self._t + 1
+        cdef double decay = self._decay
+        cdef Py_ssize_t j
+        cdef Slot* slot
+        self._t = t
+        self._total = self._total * decay + weight
+        for j in range(n_keys):
+            slot = self._find(keys[j])
+            if slot.stamp == 0:
+                if 4 * (self._count + 1) > 3 * self._capacity:
+                    self._rehash(2 * self._capacity, 1)
+                    slot = self._find(keys[j])
+                slot.key = keys[j]
+                slot.weight = weight
+                slot.hot = 0
+                self._count += 1
+            else:
+                slot.weight = slot.weight * pow(decay, <double>(t - slot.stamp)) + weight
+            slot.stamp = t
+        if self._count > self._max_keys:
+            self._prune()
+        return 0
+
+    cdef int _prune(self) except -1:
+        cdef double floor = self._total / <double>self._max_keys, decay = self._decay
+        cdef int64_t t = self._t, cutoff = 1
+        cdef Py_ssize_t i, m = 0, keep = self._max_keys // 2
+        cdef Slot* slot
+        for i in range(self._capacity):
+            slot = &self._slots[i]
+            if slot.stamp != 0 and slot.weight * pow(decay, <double>(t - slot.stamp)) < floor:
+                slot.stamp = -1  # dropped below by the rehash (stamp < 1)
+        cdef int64_t* stamps = <int64_t*>malloc(self._capacity * sizeof(int64_t))
+        if stamps == NULL:
+            raise MemoryError()
+        for i in range(self._capacity):
+            if self._slots[i].stamp > 0:
+                stamps[m] = self._slots[i].stamp
+                m += 1
+        if m > keep:
+            qsort(stamps, m, sizeof(int64_t), _compare_stamps)
+            cutoff = stamps[m - keep]
+        free(stamps)
+        return self._rehash(self._capacity, cutoff)
+
+    cdef inline double _share(self, uint64_t key) noexcept nogil:
+        cdef Slot* slot = self._find(key)
+        if slot.stamp == 0 or self._total <= 0.0:
+            return 0.0
+        return slot.weight * pow(self._decay, <double>(self._t - slot.stamp)) / self._total
+
+    cdef inline bint _is_hot(self, uint64_t key, double enter_share,
+                             double leave_share) noexcept nogil:
+        cdef Slot* slot = self._find(key)
+        if slot.stamp == 0 or self._total <= 0.0:
+            return False
+        cdef double share = (slot.weight * pow(self._decay, <double>(self._t - slot.stamp))
+                             / self._total)
+        cdef bint hot = share > enter_share or (share >= leave_share and slot.hot != 0)
+        slot.hot = hot
+        return hot
+
+    def observe(self, keys, double weight):
+        """One request of token weight ``weight`` (> 0) carried ``keys``."""
+        cdef Py_ssize_t j, n = len(keys)
+        cdef uint64_t* buf = <uint64_t*>malloc((n if n else 1) * sizeof(uint64_t))
+        if buf == NULL:
+            raise MemoryError()
+        try:
+            for j in range(n):
+                buf[j] = keys[j]
+            self._observe(buf, n, weight)
+        finally:
+            free(buf)
+
+    def share(self, uint64_t key):
+        """The key's decayed share of the observed weight, in [0, 1]; 0 if unseen."""
+        return self._share(key)
+
+    def is_hot(self, uint64_t key, double enter_share, double leave_share):
+        """Whether ``key``'s group is hot, with hysteresis (see the spec)."""
+        return self._is_hot(key, enter_share, leave_share)
+
+    def reset(self):
+        """Forget every observation."""
+        self._t = 0
+        self._total = 0.0
+        self._rehash(_INITIAL_SLOTS, 1 << 62)
+
+
+cdef struct RequestKeys:
+    # One request's keys, shallow first, and how many of them on_routed observes.
+    int64_t depths[_KEYS_CAP]
+    uint64_t hashes[_KEYS_CAP]
+    Py_ssize_t n_keys
+    Py_ssize_t n_observe
+
+
+@cython.final
+cdef class PrefixPicker:
+    """The per-request work of ``prefix-hrw`` (compiled); same API and decisions as
+    ``fastroute._core.prefix_py.PrefixPicker``, its spec. ``choose`` takes the compiled
+    ``Selector``."""
+
+    cdef readonly Py_ssize_t block_bytes
+    cdef readonly Py_ssize_t prefix_bytes
+    cdef readonly double balance_factor
+    cdef readonly double hot_share_factor
+    cdef readonly bint deep
+    cdef readonly double bytes_per_token
+    cdef readonly HotKeys hot
+    cdef RequestKeys _last          # keys of the last decided request
+    cdef object _last_request       # held, so that its identity cannot be reused
+
+    def __init__(self, Py_ssize_t block_bytes, Py_ssize_t prefix_bytes, double balance_factor,
+                 double hot_share_factor, double hot_half_life_requests, bint deep=False,
+                 double bytes_per_token=4.0, Py_ssize_t max_keys=DEFAULT_MAX_KEYS):
+        if block_bytes < 1 or prefix_bytes // block_bytes >= (<Py_ssize_t>1) << (_KEYS_CAP - 2):
+            raise ValueError(f"at most {_KEYS_CAP - 1} depths: prefix_bytes / block_bytes "
+                             f"must be < 2**{_KEYS_CAP - 2}")
+        self.block_bytes = block_bytes
+        self.prefix_bytes = prefix_bytes
+        self.balance_factor = balance_factor
+        self.hot_share_factor = hot_share_factor
+        self.deep = deep
+        self.bytes_per_token = bytes_per_token
+        self.hot = HotKeys(hot_half_life_requests, max_keys)
+        self._last_request = None
+
+    cdef int _fill_keys(self, object prefix, uint64_t key_hash, int64_t key_depth,
+                        RequestKeys* out) except -1:
+        if not isinstance(prefix, bytes):
+            prefix = bytes(prefix)
+        cdef char* data = PyBytes_AS_STRING(prefix)
+        cdef Py_ssize_t length = min(PyBytes_GET_SIZE(prefix), self.prefix_bytes)
+        cdef Py_ssize_t n = 0, at, j
+        cdef Py_ssize_t depth = self.block_bytes
+        while depth <= length:
+            out.depths[n] = depth
+            out.hashes[n] = _xxh3(PyMemoryView_FromMemory(data, depth, PyBUF_READ))
+            n += 1
+            depth *= 2
+        if n == 0:
+            out.depths[0] = 0
+            out.hashes[0] = key_hash
+            n = 1
+        elif key_depth >= 0:
+            at = 0
+            while at < n and out.depths[at] <= key_depth:
+                at += 1
+            for j in range(n, at, -1):
+                out.depths[j] = out.depths[j - 1]
+                out.hashes[j] = out.hashes[j - 1]
+            out.depths[at] = key_depth
+            out.hashes[at] = key_hash
+            n += 1
+        out.n_keys = n
+        out.n_observe = _all_keys
+        return 0
+
+    def keys(self, prefix, uint64_t key_hash, int64_t key_depth_bytes):
+        """The request's ``(depth_bytes, key)`` pairs, shallow first (see the spec)."""
+        cdef RequestKeys keys
+        self._fill_keys(prefix, key_hash, key_depth_bytes, &keys)
+        return [(keys.depths[j], keys.hashes[j]) for j in range(keys.n_keys)]
+
+    cdef Py_ssize_t _candidates(self, RequestKeys* keys, Py_ssize_t n_eligible,
+                                Py_ssize_t* chosen) noexcept nogil:
+        # The spec's _candidates: indices into keys of the keys to try, their count
+        # returned, keys.n_observe set.
+        cdef Py_ssize_t n = keys.n_keys, j, i, c, n_chosen = 0, last = 0
+        cdef Py_ssize_t step = -1 if self.deep else 1, first = n - 1 if self.deep else 0
+        cdef double enter, leave
+        if n_eligible > 1 and self.hot._t >= 2 * n_eligible:
+            enter = self.hot_share_factor / <double>n_eligible
+            leave = enter * _leave_ratio
+            for j in range(n):
+                i = first + step * j
+                if not self.hot._is_hot(keys.hashes[i], enter, leave):
+                    chosen[n_chosen] = i
+                    n_chosen += 1
+                    if n_chosen == _max_candidates:
+                        break
+            if n_chosen == 0:
+                chosen[0] = first + step * (n - 1)
+                n_chosen = 1
+        else:
+            for j in range(min(n, _max_candidates)):
+                chosen[j] = first + step * j
+            n_chosen = min(n, _max_candidates)
+        # The last key equal (depth and hash) to a chosen one: the spec compares pairs.
+        for i in range(n):
+            for c in range(n_chosen):
+                if (keys.depths[i] == keys.depths[chosen[c]]
+                        and keys.hashes[i] == keys.hashes[chosen[c]]):
+                    last = i
+        keys.n_observe = n if self.deep else 2 + last
+        i = chosen[n_chosen - 1]
+        if keys.depths[i] != keys.depths[n - 1] or keys.hashes[i] != keys.hashes[n - 1]:
+            chosen[n_chosen] = n - 1
+            n_chosen += 1
+        return n_chosen
+
+    def choose(self, Selector selector, request, available, loads, Py_ssize_t k):
+        """Decide ``request`` over ``available`` and ``loads``: ``(ranked, reason, depth)``
+        as the spec."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        cdef Py_ssize_t row = request.row
+        selector._check_row(row)
+        cdef RequestKeys* keys = &self._last
+        self._last_request = None  # until the keys below are complete
+        self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, keys)
+        cdef Py_ssize_t n = selector.n_engines, i, n_eligible = 0
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        if available is not None:
+            mask = _as_mask(available, n)
+            if n:
+                mask_ptr = &mask[0]
+                for i in range(n):
+                    n_eligible += mask_ptr[i] != 0
+        cdef const int64_t[:] load = _as_loads(loads, n)
+        cdef Py_ssize_t chosen[_CANDIDATES_CAP]
+        cdef uint64_t candidate_keys[_CANDIDATES_CAP]
+        cdef Py_ssize_t n_chosen = self._candidates(keys, n_eligible, chosen)
+        self._last_request = request
+        for i in range(n_chosen):
+            candidate_keys[i] = keys.hashes[chosen[i]]
+        if k > n:
+            k = n
+        if k == 0:
+            return [], "", -1
+        cdef Py_ssize_t small_idx[_SMALL_K]
+        cdef double small_score[_SMALL_K]
+        cdef Py_ssize_t* out_idx = small_idx
+        cdef double* out_score = small_score
+        if k > _SMALL_K:
+            out_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+            out_score = <double*>malloc(k * sizeof(double))
+            if out_idx == NULL or out_score == NULL:
+                free(out_idx)
+                free(out_score)
+                raise MemoryError()
+        cdef Py_ssize_t m, used, least
+        cdef LoadScan scan
+        try:
+            m = selector._rank_prefix_c(candidate_keys, n_chosen, row, k, mask_ptr, load,
+                                        self.balance_factor, out_idx, out_score, &used, &scan)
+            if m == 0:
+                return [], "", -1
+            ranked = [out_idx[i] for i in range(m)]
+            if used >= n_chosen:
+                return ranked, "bounded-spill", -1
+            depth = keys.depths[chosen[used]]
+            reason = "prefix-home" if used == 0 else "prefix-spill"
+            if len(request.prefix) < self.block_bytes:
+                reason = "no-prefix"
+            key_depth = request.key_depth_bytes
+            if depth == 0 and key_depth == 0:
+                return ranked, reason, depth  # the client's session: never cost-spilled
+            least = self._cheaper_elsewhere(selector, keys, depth, out_idx[0], request.row,
+                                            request.prompt_tokens, mask_ptr, load, &scan)
+            if least < 0:
+                return ranked, reason, depth
+            spilled = [least]
+            for i in range(m):
+                if out_idx[i] != least and len(spilled) < k:
+                    spilled.append(out_idx[i])
+            return spilled, "cost-spill", -1
+        finally:
+            if k > _SMALL_K:
+                free(out_idx)
+                free(out_score)
+
+    cdef Py_ssize_t _cheaper_elsewhere(self, Selector selector, const RequestKeys* keys,
+                                       int64_t depth, Py_ssize_t home, Py_ssize_t row,
+                                       double prompt_tokens, const uint8_t* mask,
+                                       const int64_t[:] load, const LoadScan* scan):
+        # The spec's _cheaper_elsewhere, on the pass rank_prefix already made.
+        cdef int64_t seen = depth, home_load
+        cdef Py_ssize_t j, least
+        for j in range(keys.n_keys - 1, -1, -1):
+            if keys.depths[j] <= seen:
+                break
+            if self.hot._share(keys.hashes[j]) > 0.0:
+                seen = keys.depths[j]
+                break
+        cdef double saving_tokens = <double>seen / self.bytes_per_token
+        if saving_tokens >= _cached_fraction * prompt_tokens:
+            return -1
+        home_load = load[home]
+        if <double>home_load <= saving_tokens:
+            return -1
+        least = selector._least_loaded(keys.hashes[keys.n_keys - 1], row, mask, load, scan)
+        if least < 0 or least == home or <double>(home_load - load[least]) <= saving_tokens:
+            return -1
+        return least
+
+    def on_routed(self, request):
+        """``request`` was sent: count its token weight for its keys' shares."""
+        cdef RequestKeys fresh
+        cdef RequestKeys* keys = &self._last
+        if request is not self._last_request:
+            self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, &fresh)
+            keys = &fresh
+        weight = request.prompt_tokens + (request.expected_output_tokens or 0)
+        self.hot._observe(keys.hashes, min(keys.n_keys, keys.n_observe), float(max(weight, 1)))
+
+    def reset(self):
+        """Forget every observation."""
+        self.hot.reset()
+        self._last_request = None

@@ -1,0 +1,347 @@
+"""The ``prefix-hrw`` decision: the pure-Python specification of ``prefix.pyx``.
+
+This module is the spec of the compiled per-request work of the default policy
+(``fastroute/policy/prefix_hrw.py`` states the algorithm and its reasons): the depth
+keys of a prompt prefix, the decayed share table that tells which prefix groups are
+hot, the choice of candidate keys, the bounded ranking (``Selector.rank_prefix``) and
+the cost spill (``Selector.least_loaded``). ``prefix.pyx`` computes exactly the same
+decisions with one fused pass over the fleet in the common case; any divergence is a
+bug, and ``tests/unit/test_prefix_core.py`` checks parity.
+
+Share arithmetic, bit for bit in both implementations (a logical clock: one tick per
+observed request, so the estimate reads no clock and replays identically): with
+``decay = 0.5 ** (1 / half_life_requests)``, an observation of weight ``x`` at tick
+``t`` sets ``total = total · decay + x`` and, per key, ``w = w · decay^(t - s) + x`` and
+``s = t`` (``s`` the key's stamp); a key's share is ``w · decay^(t - s) / total``.
+
+Memory is bounded: once more than ``max_keys`` keys are held, the keys whose decayed
+weight is below ``total / max_keys`` are dropped (they cannot be hot); if more than
+``max_keys // 2`` remain, so are those seen before the ``max_keys // 2`` most recently
+seen (keys seen at the same tick go together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import xxhash
+
+__all__ = [
+    "AFFINITY_CACHED_FRACTION",
+    "DEFAULT_MAX_KEYS",
+    "HOT_LEAVE_RATIO",
+    "MAX_CANDIDATES",
+    "MAX_DEPTH_KEYS",
+    "MIN_BLOCK_BYTES",
+    "HotKeys",
+    "PrefixPicker",
+    "depth_keys",
+]
+
+_hash = xxhash.xxh3_64_intdigest
+
+#: A hot group stays hot until its share falls below this fraction of the entry
+#: threshold (hysteresis: a group near the threshold must not flip engines per request).
+HOT_LEAVE_RATIO = 0.5
+
+#: Candidate keys tried against the load bound: the first group that is not hot and
+#: its first sub-group that is not hot (then the deepest key, whose rendezvous order the
+#: bounded fallback uses). More candidates cost one O(n) ranking each and rarely change
+#: the pick.
+MAX_CANDIDATES = 2
+
+#: A request whose estimated cached prefix is at least this fraction of its prompt stays
+#: with its home (only the c-bound moves it); below it, the request goes to the
+#: least-loaded engine when the home's extra in-flight tokens exceed the saving. The
+#: estimate is the deepest *seen* depth, and depths double, so it is low by up to 2x:
+#: 0.25 of the estimate means less than half of the prompt truly cached. In-flight tokens
+#: overstate queued work (most are contexts already prefilled), which is why the load
+#: comparison is only trusted when little is saved.
+AFFINITY_CACHED_FRACTION = 0.25
+
+#: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
+MIN_BLOCK_BYTES = 64
+
+#: Most keys of one request (depth keys and the routing key): the compiled core keeps
+#: them in a fixed array. Doubling depths from 64 bytes reach 2**63 bytes in 57 keys.
+MAX_DEPTH_KEYS = 64
+
+#: Keys the share table holds before pruning.
+DEFAULT_MAX_KEYS = 65536
+
+#: ``on_routed`` of a request ``choose`` did not see last observes every key.
+_ALL = 1 << 30
+
+
+def depth_keys(prefix: bytes, block_bytes: int) -> list[tuple[int, int]]:
+    """``(depth_bytes, xxh3_64(prefix[:depth_bytes]))`` for doubling depths, shallow first.
+
+    Depths are ``block_bytes · 2^j`` for ``j >= 0`` while at most ``len(prefix)``; empty
+    when the prefix is shorter than one block. (Unseeded xxh3 of each whole prefix: a
+    seeded xxh3 derives a secret per call, which costs more than the extra bytes.)
+    """
+    keys = []
+    depth = block_bytes
+    view = memoryview(prefix)
+    while depth <= len(prefix):
+        keys.append((depth, _hash(view[:depth])))
+        depth *= 2
+    return keys
+
+
+class HotKeys:
+    """Exponentially decayed per-key shares of the observed token weight.
+
+    Parameters
+    ----------
+    half_life_requests : float
+        Requests after which an observation counts half; > 0.
+    max_keys : int
+        Keys held before pruning; >= 16.
+    """
+
+    __slots__ = ("_decay", "_max_keys", "_t", "_total", "_counts")
+
+    def __init__(self, half_life_requests: float, max_keys: int = DEFAULT_MAX_KEYS) -> None:
+        if not half_life_requests > 0:
+            raise ValueError(f"half_life_requests must be > 0, got {half_life_requests}")
+        if max_keys < 16:
+            raise ValueError(f"max_keys must be >= 16, got {max_keys}")
+        self._decay = 0.5 ** (1.0 / float(half_life_requests))
+        self._max_keys = int(max_keys)
+        self._t = 0
+        self._total = 0.0
+        # key -> [weight as of stamp, stamp, 1.0 if hot at its last is_hot() else 0.0]
+        self._counts: dict[int, list[Any]] = {}
+
+    @property
+    def requests(self) -> int:
+        """Requests observed so far (the logical clock)."""
+        return self._t
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def observe(self, keys: Iterable[int], weight: float) -> None:
+        """One request of token weight ``weight`` (> 0) carried ``keys``."""
+        t = self._t = self._t + 1
+        decay = self._decay
+        self._total = self._total * decay + weight
+        counts = self._counts
+        for key in keys:
+            entry = counts.get(key)
+            if entry is None:
+                counts[key] = [weight, t, 0.0]
+            else:
+                entry[0] = entry[0] * decay ** float(t - entry[1]) + weight
+                entry[1] = t
+        if len(counts) > self._max_keys:
+            self._prune()
+
+    def share(self, key: int) -> float:
+        """The key's decayed share of the observed weight, in [0, 1]; 0 if unseen."""
+        entry = self._counts.get(key)
+        if entry is None or self._total <= 0.0:
+            return 0.0
+        return entry[0] * self._decay ** float(self._t - entry[1]) / self._total
+
+    def is_hot(self, key: int, enter_share: float, leave_share: float) -> bool:
+        """Whether ``key``'s group is hot, with hysteresis: it becomes hot above
+        ``enter_share`` and stays hot until its share falls below ``leave_share``, so a
+        group near the threshold does not flip between engines request by request."""
+        entry = self._counts.get(key)
+        if entry is None or self._total <= 0.0:
+            return False
+        share = entry[0] * self._decay ** float(self._t - entry[1]) / self._total
+        hot = share > enter_share or (share >= leave_share and entry[2] > 0.0)
+        entry[2] = 1.0 if hot else 0.0
+        return hot
+
+    def reset(self) -> None:
+        """Forget every observation."""
+        self._t = 0
+        self._total = 0.0
+        self._counts.clear()
+
+    def _prune(self) -> None:
+        floor = self._total / self._max_keys
+        t, decay = self._t, self._decay
+        counts = self._counts
+        for key in [k for k, (w, s, _) in counts.items() if w * decay ** float(t - s) < floor]:
+            del counts[key]
+        keep = self._max_keys // 2
+        if len(counts) > keep:
+            cutoff = sorted(entry[1] for entry in counts.values())[len(counts) - keep]
+            for key in [k for k, entry in counts.items() if entry[1] < cutoff]:
+                del counts[key]
+
+
+class PrefixPicker:
+    """The per-request work of ``prefix-hrw``: keys, candidates, bounded ranking, spill.
+
+    Parameters
+    ----------
+    block_bytes, prefix_bytes, balance_factor, hot_share_factor, hot_half_life_requests
+        The policy's tunables (validated by the policy).
+    deep : bool
+        Try the deepest key first (``order = "deep"``).
+    bytes_per_token : float
+        Prompt bytes per token, to turn a cached depth into tokens saved.
+    max_keys : int
+        Keys the share table holds before pruning.
+    """
+
+    def __init__(
+        self,
+        block_bytes: int,
+        prefix_bytes: int,
+        balance_factor: float,
+        hot_share_factor: float,
+        hot_half_life_requests: float,
+        deep: bool = False,
+        bytes_per_token: float = 4.0,
+        max_keys: int = DEFAULT_MAX_KEYS,
+    ) -> None:
+        self.block_bytes = int(block_bytes)
+        self.prefix_bytes = int(prefix_bytes)
+        self.balance_factor = float(balance_factor)
+        self.hot_share_factor = float(hot_share_factor)
+        self.deep = bool(deep)
+        self.bytes_per_token = float(bytes_per_token)
+        self.hot = HotKeys(hot_half_life_requests, max_keys)
+        # The last decided request, its key hashes and how many of them on_routed observes.
+        self._last: tuple[Any, list[int], int] = (None, [], _ALL)
+
+    def keys(self, prefix: bytes, key_hash: int, key_depth_bytes: int) -> list[tuple[int, int]]:
+        """The request's ``(depth_bytes, key)`` pairs, shallow first.
+
+        The depth keys of ``prefix[:prefix_bytes]``, with the routing key inserted after
+        the depths ``<= key_depth_bytes`` when that is ``>= 0``; ``[(0, key_hash)]`` when
+        the prefix is shorter than one block.
+        """
+        keys = depth_keys(prefix[: self.prefix_bytes], self.block_bytes)
+        if key_depth_bytes >= 0 and keys:
+            at = 0
+            while at < len(keys) and keys[at][0] <= key_depth_bytes:
+                at += 1
+            keys.insert(at, (key_depth_bytes, key_hash))
+        return keys or [(0, key_hash)]
+
+    def choose(
+        self, selector: Any, request: Any, mask: np.ndarray, loads: Any, k: int
+    ) -> tuple[list[int], str, int]:
+        """Decide ``request`` (a ``RouteRequest``) over ``mask`` (its row's eligible
+        engines) and ``loads`` (int64 per engine).
+
+        Returns
+        -------
+        (list of int, str, int)
+            The failover ranking (empty when no engine is eligible), the reason and the
+            depth in bytes of the key that decided (-1 for the bounded fallback and the
+            cost spill).
+        """
+        keys = self.keys(request.prefix, request.key_hash, request.key_depth_bytes)
+        candidates, upto = self._candidates(keys, mask)
+        self._last = (request, [h for _, h in keys], upto)
+        ranked, used = selector.rank_prefix(
+            [h for _, h in candidates], request.row, k, loads, self.balance_factor, mask
+        )
+        if not ranked:
+            return ranked, "", -1
+        if used >= len(candidates):
+            return ranked, "bounded-spill", -1
+        depth = candidates[used][0]
+        reason = "prefix-home" if used == 0 else "prefix-spill"
+        if len(request.prefix) < self.block_bytes:
+            reason = "no-prefix"
+        if depth == 0 and request.key_depth_bytes == 0:
+            return ranked, reason, depth  # the client's session: never cost-spilled
+        least = self._cheaper_elsewhere(selector, request, keys, depth, ranked[0], loads, mask)
+        if least < 0:
+            return ranked, reason, depth
+        return [least, *(i for i in ranked if i != least)][:k], "cost-spill", -1
+
+    def _cheaper_elsewhere(
+        self,
+        selector: Any,
+        request: Any,
+        keys: list[tuple[int, int]],
+        depth: int,
+        home: int,
+        loads: Any,
+        mask: np.ndarray,
+    ) -> int:
+        """The least-loaded eligible engine if the request is mostly not cached at its
+        home and the home's extra load costs more tokens than the cached part saves,
+        else -1.
+
+        The saving is the deepest depth of this request the share table holds (its group
+        sent that prefix recently), at least the deciding key's depth, in tokens; the
+        extra queue is the home's in-flight tokens minus the least-loaded engine's.
+        """
+        seen = depth
+        for d, key in reversed(keys):
+            if d <= seen:
+                break
+            if self.hot.share(key) > 0.0:
+                seen = d
+                break
+        saving_tokens = seen / self.bytes_per_token
+        if saving_tokens >= AFFINITY_CACHED_FRACTION * request.prompt_tokens:
+            return -1  # mostly cached at home: affinity wins, the c-bound guards the rest
+        home_load = int(loads[home])
+        if home_load <= saving_tokens:
+            return -1  # no engine can be lighter by more than the saving
+        least = selector.least_loaded(keys[-1][1], request.row, loads, mask)
+        if least < 0 or least == home or home_load - int(loads[least]) <= saving_tokens:
+            return -1
+        return least
+
+    def _candidates(
+        self, keys: list[tuple[int, int]], mask: np.ndarray
+    ) -> tuple[list[tuple[int, int]], int]:
+        """The keys to try, in order (those of groups that are not hot, else the deepest),
+        and how many of ``keys`` ``on_routed`` observes."""
+        hot = self.hot
+        n_eligible = int(np.count_nonzero(mask))
+        deepest, order = keys[-1], keys[::-1] if self.deep else keys
+        # Too few observations to tell a share from noise: nothing is hot yet.
+        if n_eligible > 1 and hot.requests >= 2 * n_eligible:
+            enter = self.hot_share_factor / n_eligible
+            leave = enter * HOT_LEAVE_RATIO
+            cold = []
+            for kd in order:
+                if not hot.is_hot(kd[1], enter, leave):
+                    cold.append(kd)
+                    if len(cold) == MAX_CANDIDATES:
+                        break
+            chosen = cold or order[-1:]
+        else:
+            chosen = order[:MAX_CANDIDATES]
+        # Observe through the deepest candidate's next depth: deeper keys start counting
+        # when their parent becomes hot.
+        last = max((i for i, kd in enumerate(keys) if kd in chosen), default=0)
+        upto = len(keys) if self.deep else 2 + last
+        # The bounded fallback ranks by the last candidate: make it the most specific key,
+        # so requests that all share the candidates' prefixes do not herd onto one engine.
+        if chosen[-1] != deepest:
+            chosen = [*chosen, deepest]
+        return chosen, upto
+
+    def on_routed(self, request: Any) -> None:
+        """``request`` was sent: count its token weight for its keys' shares."""
+        last, keys, upto = self._last
+        if last is not request:
+            keys = [
+                h for _, h in self.keys(request.prefix, request.key_hash, request.key_depth_bytes)
+            ]
+            upto = _ALL
+        weight = request.prompt_tokens + (request.expected_output_tokens or 0)
+        self.hot.observe(keys[:upto], float(max(weight, 1)))
+
+    def reset(self) -> None:
+        """Forget every observation."""
+        self.hot.reset()
+        self._last = (None, [], _ALL)

@@ -1,0 +1,360 @@
+"""The ``prefix-hrw`` policy as it was before its per-request work moved into the
+compiled core: a frozen pure-Python reference that the replay test routes the same
+requests through (``test_prefix_hrw_replay.py``). Do not change it to follow the policy:
+a difference in decisions is what the replay test is for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+import numpy as np
+import xxhash
+
+from fastroute.policy.base import (
+    DEFAULT_K,
+    Decision,
+    FleetView,
+    Policy,
+    PolicyConfigError,
+    RouteRequest,
+    check_k,
+)
+from fastroute.tokens import BYTES_PER_TOKEN
+
+
+class HotKeys:
+    """Exponentially decayed per-key shares of the observed token weight.
+
+    Parameters
+    ----------
+    half_life_requests : float
+        Requests after which an observation counts half; > 0.
+    max_keys : int
+        Entries kept before pruning; >= 16.
+    """
+
+    __slots__ = ("_decay", "_half_life", "_max_keys", "_t", "_total", "_counts")
+
+    def __init__(self, half_life_requests: float, max_keys: int = 65536) -> None:
+        if not half_life_requests > 0:
+            raise ValueError(f"half_life_requests must be > 0, got {half_life_requests}")
+        if max_keys < 16:
+            raise ValueError(f"max_keys must be >= 16, got {max_keys}")
+        self._half_life = float(half_life_requests)
+        self._decay = 0.5 ** (1.0 / self._half_life)
+        self._max_keys = max_keys
+        self._t = 0
+        self._total = 0.0
+        # key -> [weight as of stamp, stamp, 1.0 if hot at its last is_hot() else 0.0]
+        self._counts: dict[int, list[float]] = {}
+
+    @property
+    def requests(self) -> int:
+        """Requests observed so far (the logical clock)."""
+        return self._t
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def observe(self, keys: Iterable[int], weight: float) -> None:
+        """One request of token weight ``weight`` (> 0) carried ``keys`` (distinct)."""
+        t = self._t = self._t + 1
+        decay = self._decay
+        self._total = self._total * decay + weight
+        counts = self._counts
+        for key in keys:
+            entry = counts.get(key)
+            if entry is None:
+                counts[key] = [weight, t, 0.0]
+            else:
+                entry[0] = entry[0] * decay ** (t - entry[1]) + weight
+                entry[1] = t
+        if len(counts) > self._max_keys:
+            self._prune()
+
+    def share(self, key: int) -> float:
+        """The key's decayed share of the observed weight, in [0, 1]; 0 if unseen."""
+        entry = self._counts.get(key)
+        if entry is None or self._total <= 0.0:
+            return 0.0
+        return entry[0] * self._decay ** (self._t - entry[1]) / self._total
+
+    def is_hot(self, key: int, enter_share: float, leave_share: float) -> bool:
+        """Whether ``key``'s group is hot, with hysteresis: it becomes hot above
+        ``enter_share`` and stays hot until its share falls below ``leave_share``, so a
+        group near the threshold does not flip between engines request by request."""
+        entry = self._counts.get(key)
+        if entry is None or self._total <= 0.0:
+            return False
+        share = entry[0] * self._decay ** (self._t - entry[1]) / self._total
+        hot = share > enter_share or (share >= leave_share and entry[2] > 0.0)
+        entry[2] = 1.0 if hot else 0.0
+        return hot
+
+    def reset(self) -> None:
+        """Forget every observation."""
+        self._t = 0
+        self._total = 0.0
+        self._counts.clear()
+
+    def _prune(self) -> None:
+        floor = self._total / self._max_keys
+        t, decay = self._t, self._decay
+        counts = self._counts
+        cold = [k for k, (w, s, _) in counts.items() if w * decay ** (t - s) < floor]
+        for key in cold:
+            del counts[key]
+        if len(counts) > self._max_keys // 2:
+            by_age = sorted(counts, key=lambda k: counts[k][1])
+            for key in by_age[: len(counts) - self._max_keys // 2]:
+                del counts[key]
+
+
+_ORDERS = ("shallow", "deep")
+_ALL = 1 << 30
+_hash = xxhash.xxh3_64_intdigest
+
+#: A hot group stays hot until its share falls below this fraction of the entry
+#: threshold (hysteresis: a group near the threshold must not flip engines per request).
+HOT_LEAVE_RATIO = 0.5
+
+#: Candidate keys tried against the load bound: the first group that is not hot and
+#: its first sub-group that is not hot (then the deepest key, whose rendezvous order the
+#: bounded fallback uses). More candidates cost one O(n) ranking each and rarely change
+#: the pick.
+MAX_CANDIDATES = 2
+
+#: A request whose estimated cached prefix is at least this fraction of its prompt stays
+#: with its home (only the c-bound moves it); below it, the request goes to the
+#: least-loaded engine when the home's extra in-flight tokens exceed the saving. The
+#: estimate is the deepest *seen* depth, and depths double, so it is low by up to 2x:
+#: 0.25 of the estimate means less than half of the prompt truly cached. In-flight tokens
+#: overstate queued work (most are contexts already prefilled), which is why the load
+#: comparison is only trusted when little is saved.
+AFFINITY_CACHED_FRACTION = 0.25
+
+#: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
+MIN_BLOCK_BYTES = 64
+
+
+def depth_keys(prefix: bytes, block_bytes: int) -> list[tuple[int, int]]:
+    """``(depth_bytes, xxh3_64(prefix[:depth_bytes]))`` for doubling depths, shallow first.
+
+    Depths are ``block_bytes · 2^j`` for ``j >= 0`` while at most ``len(prefix)``; empty
+    when the prefix is shorter than one block. (Unseeded xxh3 of each whole prefix: a
+    seeded xxh3 derives a secret per call, which costs more than the extra bytes.)
+    """
+    keys = []
+    depth = block_bytes
+    view = memoryview(prefix)
+    while depth <= len(prefix):
+        keys.append((depth, _hash(view[:depth])))
+        depth *= 2
+    return keys
+
+
+class ReferencePrefixHRW(Policy):
+    """Rendezvous homes of the prompt's prefix depths, hot groups spread, load bounded.
+
+    Parameters
+    ----------
+    block_bytes : int
+        Shallowest prefix depth in bytes, ``>= 64``; default 512.
+    prefix_bytes : int
+        Deepest prefix depth read, bytes, ``>= block_bytes``; default 32768.
+    balance_factor : float
+        ``c >= 1``: bound on an engine's share of the in-flight tokens over its LP share;
+        default 2.0.
+    hot_share_factor : float
+        ``h > 0``: a group whose share of the recent tokens exceeds ``h / n`` is hot;
+        default 0.5.
+    hot_half_life_requests : float
+        Half-life of the group-share estimate, requests, ``> 0``; default 1024.
+    order : {"shallow", "deep"}
+        Which depth key is tried first; default ``"shallow"``.
+    """
+
+    name: ClassVar[str] = "prefix-hrw"
+    needs_prefix: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        block_bytes: int = 512,
+        prefix_bytes: int = 32768,
+        balance_factor: float = 2.0,
+        hot_share_factor: float = 0.5,
+        hot_half_life_requests: float = 1024.0,
+        order: str = "shallow",
+    ) -> None:
+        if not isinstance(block_bytes, int) or block_bytes < MIN_BLOCK_BYTES:
+            raise PolicyConfigError(
+                f"prefix-hrw: block_bytes must be an integer >= {MIN_BLOCK_BYTES}, "
+                f"got {block_bytes!r}"
+            )
+        if not isinstance(prefix_bytes, int) or prefix_bytes < block_bytes:
+            raise PolicyConfigError(
+                f"prefix-hrw: prefix_bytes must be an integer >= block_bytes "
+                f"({block_bytes}), got {prefix_bytes!r}"
+            )
+        if not balance_factor >= 1.0:
+            raise PolicyConfigError(
+                f"prefix-hrw: balance_factor must be >= 1, got {balance_factor!r}"
+            )
+        if not hot_share_factor > 0:
+            raise PolicyConfigError(
+                f"prefix-hrw: hot_share_factor must be > 0, got {hot_share_factor!r}"
+            )
+        if not hot_half_life_requests > 0:
+            raise PolicyConfigError(
+                f"prefix-hrw: hot_half_life_requests must be > 0, got {hot_half_life_requests!r}"
+            )
+        if order not in _ORDERS:
+            raise PolicyConfigError(f"prefix-hrw: order must be one of {_ORDERS}, got {order!r}")
+        self.block_bytes = block_bytes
+        self.prefix_bytes = prefix_bytes
+        self.balance_factor = float(balance_factor)
+        self.hot_share_factor = float(hot_share_factor)
+        self.hot_half_life_requests = float(hot_half_life_requests)
+        self.order = order
+        self.hot = HotKeys(self.hot_half_life_requests)
+        # The keys of the last decided request, for on_routed (same request object).
+        self._last: tuple[RouteRequest | None, list[int]] = (None, [])
+        self._observe_upto = _ALL
+
+    def keys(self, request: RouteRequest) -> list[tuple[int, int]]:
+        """The request's ``(depth_bytes, key)`` pairs, shallow first (see the module)."""
+        keys = depth_keys(request.prefix[: self.prefix_bytes], self.block_bytes)
+        depth = request.key_depth_bytes
+        if depth >= 0 and keys:
+            at = 0
+            while at < len(keys) and keys[at][0] <= depth:
+                at += 1
+            keys.insert(at, (depth, request.key_hash))
+        return keys or [(0, request.key_hash)]
+
+    def choose(self, request: RouteRequest, view: FleetView, k: int = DEFAULT_K) -> Decision:
+        check_k(k)
+        keys = self.keys(request)
+        self._last = (request, [h for _, h in keys])
+        mask = view.eligible(request.row)
+        candidates = self._candidates(keys, mask)
+        loads = view.in_flight_tokens()
+        if loads is None:
+            loads = view.in_flight()
+        ranked, used = view.selector.rank_prefix(
+            [h for _, h in candidates], request.row, k, loads, self.balance_factor, mask
+        )
+        if not ranked:
+            return self._empty()
+        if used >= len(candidates):
+            reason, depth = "bounded-spill", -1
+        else:
+            depth = candidates[used][0]
+            reason = "prefix-home" if used == 0 else "prefix-spill"
+            if len(request.prefix) < self.block_bytes:
+                reason = "no-prefix"
+            declared = depth == 0 and request.key_depth_bytes == 0  # the client's session
+            least = -1
+            if not declared:
+                least = self._cheaper_elsewhere(request, keys, depth, ranked[0], loads, view)
+            if least >= 0:
+                ranked = [least, *(i for i in ranked if i != least)][:k]
+                reason, depth = "cost-spill", -1
+        scores = (float(depth),) + (0.0,) * (len(ranked) - 1)
+        return self._decision(view, ranked, reason, scores)
+
+    def _cheaper_elsewhere(
+        self,
+        request: RouteRequest,
+        keys: list[tuple[int, int]],
+        depth: int,
+        home: int,
+        loads: np.ndarray,
+        view: FleetView,
+    ) -> int:
+        """The least-loaded eligible engine if the request is mostly not cached at its
+        home and the home's extra load costs more tokens than the cached part saves,
+        else -1.
+
+        The saving is estimated as the deepest depth of this request already seen by the
+        share estimate (the prefix its group has sent recently), at least the deciding
+        key's depth, in tokens at ``BYTES_PER_TOKEN``; the extra queue is the home's
+        in-flight tokens minus the least-loaded engine's.
+        """
+        hot = self.hot
+        seen = depth
+        for d, key in reversed(keys):
+            if d <= seen:
+                break
+            if hot.share(key) > 0.0:
+                seen = d
+                break
+        saving_tokens = seen / BYTES_PER_TOKEN
+        if saving_tokens >= AFFINITY_CACHED_FRACTION * request.prompt_tokens:
+            return -1  # mostly cached at home: affinity wins, the c-bound guards the rest
+        home_load = int(loads[home])
+        if home_load <= saving_tokens:
+            return -1  # no engine can be lighter by more than the saving
+        least = view.selector.least_loaded(
+            keys[-1][1], request.row, loads, view.eligible(request.row)
+        )
+        if least < 0 or least == home or home_load - int(loads[least]) <= saving_tokens:
+            return -1
+        return least
+
+    def _candidates(self, keys: list[tuple[int, int]], mask: np.ndarray) -> list[tuple[int, int]]:
+        """The keys to try, in order: those of groups that are not hot (else the deepest)."""
+        hot = self.hot
+        # Too few observations to tell a share from noise: nothing is hot yet.
+        n_eligible = int(np.count_nonzero(mask))
+        deepest, keys_by_depth = keys[-1], keys
+        if self.order == "deep":
+            keys = keys[::-1]
+        if n_eligible > 1 and hot.requests >= 2 * n_eligible:
+            enter = self.hot_share_factor / n_eligible
+            leave = enter * HOT_LEAVE_RATIO
+            cold = []
+            for kd in keys:
+                if not hot.is_hot(kd[1], enter, leave):
+                    cold.append(kd)
+                    if len(cold) == MAX_CANDIDATES:
+                        break
+            keys = cold or keys[-1:]
+        else:
+            keys = keys[:MAX_CANDIDATES]
+        # on_routed observes through the deepest candidate's next depth.
+        self._observe_upto = (
+            len(keys_by_depth)
+            if self.order == "deep"
+            else 1 + max((i for i, kd in enumerate(keys_by_depth) if kd in keys), default=0)
+        )
+        # The bounded fallback ranks by the last candidate: make it the most specific key,
+        # so requests that all share the candidates' prefixes do not herd onto one engine.
+        if keys[-1] != deepest:
+            keys = [*keys, deepest]
+        return keys
+
+    def on_routed(self, request: RouteRequest, engine_id: int) -> None:
+        last, keys = self._last
+        upto = self._observe_upto
+        if last is not request:
+            keys, upto = [h for _, h in self.keys(request)], _ALL
+        weight = request.prompt_tokens + (request.expected_output_tokens or 0)
+        # Shares matter down to the first group that is not hot and its sub-group:
+        # deeper keys start counting when their parent becomes hot.
+        self.hot.observe(keys[: upto + 1], float(max(weight, 1)))
+
+    def reset(self) -> None:
+        self.hot.reset()
+        self._last = (None, [])
+        self._observe_upto = _ALL
+
+    def __repr__(self) -> str:
+        return (
+            f"<ReferencePrefixHRW block_bytes={self.block_bytes} prefix_bytes={self.prefix_bytes} "
+            f"balance_factor={self.balance_factor} hot_share_factor={self.hot_share_factor} "
+            f"hot_half_life_requests={self.hot_half_life_requests} order={self.order!r}>"
+        )

@@ -1,0 +1,151 @@
+"""The compiled ``prefix-hrw`` core against its spec: share table, keys and decisions.
+
+Tests parametrised with ``impl`` run against every implementation present (the spec
+``prefix_py`` always, the compiled ``prefix`` when the extension is built); the parity
+tests compare the two value for value. Module-level ``parity`` marker: the suite is
+re-run with ``FASTROUTE_NO_EXTENSIONS=1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastroute import _core
+from fastroute._core.prefix_py import depth_keys
+from fastroute.hashing import engine_id
+from fastroute.policy import RouteRequest
+
+pytestmark = pytest.mark.parity
+
+HOT_KEYS = {"py": _core.HotKeysPy}
+PICKERS = {"py": _core.PrefixPickerPy}
+if _core.HotKeysC is not None:
+    HOT_KEYS["cy"] = _core.HotKeysC
+    PICKERS["cy"] = _core.PrefixPickerC
+
+
+@pytest.fixture(params=sorted(HOT_KEYS), ids=sorted(HOT_KEYS))
+def hot_keys(request: pytest.FixtureRequest) -> type:
+    return HOT_KEYS[request.param]
+
+
+@pytest.fixture(params=sorted(PICKERS), ids=sorted(PICKERS))
+def picker(request: pytest.FixtureRequest) -> type:
+    return PICKERS[request.param]
+
+
+def test_pruning_drops_cold_then_the_least_recent_keys(hot_keys: type) -> None:
+    hot = hot_keys(half_life_requests=1e9, max_keys=16)
+    for i in range(16):
+        hot.observe([1000 + i], 1.0 if i else 100.0)  # key 1000 carries most of the weight
+    assert len(hot) == 16
+    hot.observe([2000], 1.0)  # 17 keys: every key but 1000 is under total / 16 = 7.25
+    assert len(hot) == 1 and hot.share(1000) > 0.0 and hot.share(2000) == 0.0
+    hot.reset()
+    for i in range(9):
+        hot.observe([3000 + i], 100.0)  # nine heavy keys, one per tick
+    for i in range(8):
+        hot.observe([4000 + i], 1.0)  # the 17th key prunes: the light ones are cold
+    # Nine heavy keys stay above the floor, more than 16 // 2: the least recent one goes.
+    assert len(hot) == 8 and hot.share(3000) == 0.0
+    assert all(hot.share(3000 + i) > 0.0 for i in range(1, 9))
+
+
+def test_a_key_observed_twice_in_one_request_counts_twice(hot_keys: type) -> None:
+    hot = hot_keys(half_life_requests=1e9)
+    hot.observe([5, 5], 1.0)
+    hot.observe([6], 2.0)
+    assert hot.share(5) == pytest.approx(2.0 / 3.0) and hot.requests == 2
+
+
+def test_the_table_grows_past_its_initial_size_and_resets(hot_keys: type) -> None:
+    hot = hot_keys(half_life_requests=1e9, max_keys=4096)
+    for i in range(3000):
+        hot.observe([i], 1.0)
+    assert len(hot) == 3000 and hot.share(2999) == pytest.approx(1 / 3000, rel=1e-5)
+    hot.reset()
+    assert len(hot) == 0 and hot.requests == 0 and hot.share(5) == 0.0
+    hot.observe([5], 1.0)
+    assert hot.share(5) == 1.0
+
+
+def test_keys_are_the_depth_hashes_with_the_routing_key_at_its_depth(picker: type) -> None:
+    prefix = bytes(range(256)) * 20  # 5120 bytes: depths 512 .. 4096
+    p = picker(512, 32768, 2.0, 0.5, 1024.0)
+    depths = depth_keys(prefix, 512)
+    assert p.keys(prefix, 7, -1) == depths
+    assert p.keys(prefix, 7, 1500) == [*depths[:2], (1500, 7), *depths[2:]]
+    assert p.keys(prefix, 7, 0) == [(0, 7), *depths]
+    assert p.keys(prefix[:100], 7, 1500) == [(0, 7)]
+    assert picker(512, 1024, 2.0, 0.5, 1024.0).keys(prefix, 7, -1) == depths[:2]
+
+
+# Defined only when the extension is built, so the pure-Python run has nothing to skip.
+if "cy" in PICKERS:
+
+    def test_compiled_shares_match_the_spec_bit_for_bit() -> None:
+        rng = np.random.default_rng(3)
+        for max_keys, half_life in [(16, 5.0), (64, 300.0), (1000, 1e9)]:
+            py, cy = _core.HotKeysPy(half_life, max_keys), _core.HotKeysC(half_life, max_keys)
+            universe = [int(x) for x in rng.integers(0, 2**64, size=200, dtype=np.uint64)]
+            for _ in range(3000):
+                keys = [universe[int(i)] for i in rng.zipf(1.5, size=rng.integers(1, 6)) % 200]
+                weight = float(rng.integers(1, 5000))
+                py.observe(keys, weight)
+                cy.observe(keys, weight)
+                assert len(py) == len(cy) and py.requests == cy.requests
+                probe = universe[int(rng.integers(0, 200))]
+                assert py.share(probe) == cy.share(probe)
+                enter = float(rng.random()) * 0.3
+                assert py.is_hot(probe, enter, enter / 2) == cy.is_hot(probe, enter, enter / 2)
+            assert [py.share(k) for k in universe] == [cy.share(k) for k in universe]
+
+    def _scenario_request(rng: np.random.Generator, shared: list[bytes]) -> RouteRequest:
+        head = shared[int(rng.integers(0, len(shared)))] if rng.random() < 0.7 else b""
+        prefix = head + bytes(
+            rng.integers(97, 123, size=int(rng.integers(0, 6000)), dtype=np.uint8)
+        )
+        depth = int(rng.choice([-1, -1, 0, int(rng.integers(0, 4000))]))
+        output = None if rng.random() < 0.3 else int(rng.integers(0, 500))
+        key = int(rng.integers(0, 2**64, dtype=np.uint64))
+        return RouteRequest(key, 0, int(rng.integers(0, 3000)), prefix, output, depth)
+
+    def test_compiled_decisions_match_the_spec() -> None:
+        """choose and on_routed agree exactly on random fleets, masks, loads and requests
+        (including ties at the least load, many and few, and over-bound homes)."""
+        rng = np.random.default_rng(5)
+        for trial in range(12):
+            n = int(rng.integers(1, 40))
+            ids = [engine_id(f"p{trial}-{i}") for i in range(n)]
+            weights = rng.random((1, n)) * (rng.random((1, n)) < 0.85)
+            weights[0, 0] = 1.0
+            sel = _core.SelectorC(ids, weights)
+            params = (256, 8192, float(rng.choice([1.0, 1.25, 2.0])), 0.5, 50.0)
+            deep = bool(trial % 3 == 0)
+            py, cy = (
+                _core.PrefixPickerPy(*params, deep=deep),
+                _core.PrefixPickerC(*params, deep=deep),
+            )
+            shared = [bytes(rng.integers(97, 123, size=1500, dtype=np.uint8)) for _ in range(4)]
+            for step in range(300):
+                mask = (rng.random(n) < 0.9).astype(np.uint8)
+                levels = 1 if trial % 4 == 0 else int(rng.integers(1, 30))  # many ties or few
+                loads = rng.integers(0, levels, size=n).astype(np.int64) * 100
+                if step % 7 == 0:
+                    loads[int(rng.integers(0, n))] += 10**6
+                request = _scenario_request(rng, shared)
+                k = int(rng.integers(1, 10))
+                assert py.choose(sel, request, mask, loads, k) == cy.choose(
+                    sel, request, mask, loads, k
+                ), (trial, step)
+                routed = request if rng.random() < 0.9 else _scenario_request(rng, shared)
+                py.on_routed(routed)
+                cy.on_routed(routed)
+            assert py.hot.requests == cy.hot.requests and len(py.hot) == len(cy.hot)
+
+    def test_compiled_choose_wants_the_compiled_selector() -> None:
+        sel = _core.SelectorPy([1, 2], [[1.0, 1.0]])
+        picker = _core.PrefixPickerC(512, 4096, 2.0, 0.5, 100.0)
+        with pytest.raises(TypeError):
+            picker.choose(sel, RouteRequest(1, 0), None, np.zeros(2, np.int64), 3)
