@@ -117,3 +117,21 @@ def test_messages_create_and_stream(claude: anthropic.Anthropic, proxy: rh.Runni
             model="nope", max_tokens=2, messages=[{"role": "user", "content": "x"}]
         )
     assert err.value.body["error"]["type"] == "not_found_error"
+
+
+def test_engine_rejections_are_each_clients_typed_error(
+    api: openai.OpenAI, claude: anthropic.Anthropic
+) -> None:
+    """vLLM's own 400 (a negative temperature, which its sampling parameters reject) reaches
+    each official client as its ``BadRequestError``, on Messages in Anthropic's shape."""
+    with pytest.raises(openai.BadRequestError):
+        api.responses.create(model=rh.MODEL, input="x", max_output_tokens=2, temperature=-1.0)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        claude.messages.create(
+            model=rh.MODEL,
+            max_tokens=2,
+            messages=[{"role": "user", "content": "x"}],
+            extra_body={"temperature": -1.0},  # anthropic 2.x has no temperature argument
+        )
+    assert err.value.body["type"] == "error"
+    assert err.value.body["error"]["type"] == "invalid_request_error"
