@@ -9,6 +9,11 @@ name                                       type       labels / meaning
 ``fastroute_proxy_e2e_seconds``            histogram  class, engine: arrival → last byte
 ``fastroute_proxy_retries_total``          counter    attempts after the first
 ``fastroute_proxy_retry_refused_total``    counter    retries the budget refused
+``fastroute_proxy_broken_streams_total``   counter    outcome: streams whose engine failed once
+                                                      the client's stream had begun —
+                                                      ``migrated`` (finished on another engine),
+                                                      ``failed`` (its continuations failed),
+                                                      ``not_migrated`` (no continuation tried)
 ``fastroute_proxy_upstream_failures_total`` counter   engine, kind (connect_error, ...)
 ``fastroute_proxy_ejections_total``        counter    engine: local outlier ejections
 ``fastroute_proxy_shed_total``             counter    class, reason (shed, admission)
@@ -98,6 +103,12 @@ class ProxyMetrics:
         )
         self.retry_refused = Counter(
             "fastroute_proxy_retry_refused", "Retries refused by the retry budget.", registry=r
+        )
+        self.broken_streams = Counter(
+            "fastroute_proxy_broken_streams",
+            "Streams whose engine failed once the client's stream had begun, by outcome.",
+            ["outcome"],
+            registry=r,
         )
         self.upstream_failures = Counter(
             "fastroute_proxy_upstream_failures",

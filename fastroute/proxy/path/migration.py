@@ -212,9 +212,13 @@ class Migrator:
                 continue
             state.record.error = None
             self._segments(state)
+            finished = migration.segments[-1].outcome == "success"
+            self.ctx.metrics.broken_streams.labels("migrated" if finished else "failed").inc()
             return reply
         state.record.not_migrated = reason
         self._segments(state)
+        outcome = "failed" if migration.count else "not_migrated"
+        self.ctx.metrics.broken_streams.labels(outcome).inc()
         await self._end(state, failure)
         return Reply(200, _STREAM_HEADERS, streamed=True)
 

@@ -287,6 +287,11 @@ class Relay:
         if failure is not None:
             sep = b"" if tally.last.endswith(_SSE_END) else _SSE_END
             await sink.write(sep + sse_error_event(failure.message, code=failure.code))
+        migration = state.migration
+        if (failure is not None or tally.meter.error is not None) and (
+            migration is None or migration.count == 0  # a continuation's end is the migrator's
+        ):
+            self.ctx.metrics.broken_streams.labels("not_migrated").inc()
         await sink.end()
         return None
 

@@ -123,6 +123,19 @@ async def record_of(st: Stack, rid: str) -> dict[str, Any]:
         return await decision_record(s, st.url, rid)
 
 
+async def broken_streams(st: Stack) -> dict[str, float]:
+    """``fastroute_proxy_broken_streams_total`` by outcome, from the proxy's ``/metrics``."""
+    async with aiohttp.ClientSession() as s, s.get(st.url + "/metrics") as resp:
+        text = await resp.text()
+    prefix = 'fastroute_proxy_broken_streams_total{outcome="'
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            outcome, _, value = line[len(prefix) :].partition('"} ')
+            counts[outcome] = float(value)
+    return counts
+
+
 def ranking(st: Stack, sid: str, n: int) -> list[int]:
     """The engines session ``sid`` is ranked on (config weights), best first."""
     fleet = st.ctx.fleet
@@ -188,6 +201,7 @@ def test_broken_stream_continues_on_the_next_engine(h: Harness, kind: str, fault
             assert record["segments"][0]["outcome"] != "success"
             assert record["segments"][1]["outcome"] == "success"
             assert record["error"] is None and record["status"] == 200
+            assert await broken_streams(st) == {"migrated": 1.0}
 
     h.run(main())
 
@@ -262,9 +276,11 @@ def test_max_migrations(h: Harness, max_migrations: int) -> None:
                 assert got.text == reference.text[: len(got.text)]
                 assert len(got.text.split()) == 2 * FAIL_AFTER
                 assert record["not_migrated"] == "retry.max_migrations=1 reached"
+                assert await broken_streams(st) == {"failed": 1.0}
             else:
                 assert_whole(got, reference, "chat")
                 assert engines == [f"engine-{i}" for i in order]
+                assert await broken_streams(st) == {"migrated": 1.0}
 
     h.run(main())
 
@@ -296,6 +312,7 @@ def test_not_migrated_ends_with_clean_error(
             assert len(record["attempts"]) == 1
             if why is not None:
                 assert why in record["not_migrated"]
+            assert await broken_streams(st) == {"not_migrated": 1.0}
 
     h.run(main())
 
