@@ -120,22 +120,21 @@ def test_no_stale_engine_while_both_are_up(
 def test_shared_prefix_hits_show_on_the_plan_and_the_proxy(
     proxy: rh.Running, controller: rh.Running, vllm_engines: list[rh.Running]
 ) -> None:
-    """Three requests of one session share a 256+-token prefix: the engine that served them
-    counts the hits itself (``vllm:prefix_cache_hits_total``), and the controller's plan (JSON
-    and page) and the proxy's ``/metrics`` show its hit rate > 0 from those counters, with the
-    window it covers; the fleet figure too."""
+    """Five requests of one session share a 256+-token prefix, so one of the two engines
+    serves at least three of them (the policy may split or spill a group, so which engine is
+    not asserted): that engine counts the hits itself (``vllm:prefix_cache_hits_total``), and
+    the controller's plan (JSON and page) and the proxy's ``/metrics`` show its hit rate > 0
+    from those counters, with the window it covers; the fleet figure too."""
     session = f"real-long-prefix-{uuid.uuid4().hex[:8]}"
-    served = set()
-    usages = []
-    for i in range(3):
+    by_engine: dict[str, list[dict[str, Any]]] = {}
+    for i in range(5):
         engine, usage = complete(proxy, f"{LONG_PREFIX} number {i}", session)
-        served.add(engine)
-        usages.append(usage)
-    assert len(served) == 1, served  # one session, one engine
-    name = served.pop()
+        by_engine.setdefault(engine, []).append(usage)
+    name, usages = max(by_engine.items(), key=lambda kv: len(kv[1]))
+    assert len(usages) >= 3, by_engine  # two engines, five requests
     assert usages[0]["prompt_tokens"] > 256
     cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages[1:]]
-    assert all(c >= 256 for c in cached), cached
+    assert all(c >= 256 for c in cached), cached  # the prefix computed by its first
     # the engine's own counters say so
     engine_url = vllm_engines[int(name.rsplit("-", 1)[1])].url
     own = parse_vllm_metrics(get(engine_url + "/metrics").decode())[rh.MODEL]
