@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: all venv build debug annotate test test-compiled test-pure bench-smoke bench lint clean run engines \
+.PHONY: all system-packages venv build debug annotate test test-compiled test-pure bench-smoke bench lint clean run engines \
 	test-real
 
 all: test
@@ -45,7 +45,11 @@ test-pure: build
 bench-smoke: build
 	$(BIN)/python -m pytest bench --benchmark-disable -q
 
-test: lint test-compiled test-pure bench-smoke
+# Debian packages the suite runs for real (etcd, promtool): deploy/system_packages.sh.
+system-packages:
+	bash deploy/system_packages.sh
+
+test: system-packages lint test-compiled test-pure bench-smoke
 
 # The real-engine tier: vLLM (CPU build) and a tiny random-weight model, installed once into
 # $${FASTROUTE_REAL_CACHE:-~/.cache/fastroute-real} and reused, then tests/real against them.
