@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Sequence
 
@@ -11,6 +12,14 @@ from controller.scrape import EngineScraper
 from fastroute.signals.prefix_cache import PrefixHitRate, fleet_hit_rate
 
 __all__ = ["ControllerMetrics"]
+
+
+def _loop_tasks() -> float:
+    """Tasks of the running event loop; NaN when read off the loop."""
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:
+        return float("nan")
 
 
 class ControllerMetrics:
@@ -42,6 +51,11 @@ class ControllerMetrics:
         self.generation = Gauge(
             "fastroute_controller_table_generation", "Generation of the published table", registry=r
         )
+        Gauge(
+            "fastroute_controller_asyncio_tasks",
+            "Tasks of the controller's event loop (a steady climb is a leak)",
+            registry=r,
+        ).set_function(_loop_tasks)
         self.reports = Counter(
             "fastroute_controller_reports", "Proxy reports by outcome", ["outcome"], registry=r
         )

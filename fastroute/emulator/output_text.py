@@ -9,10 +9,15 @@ concatenated are the output one engine would have produced
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["WORDS", "output_token_text", "OutputText", "continued_output"]
+from fastroute.hashing import key_hash
+from fastroute.tokens import render_chat
+
+__all__ = [
+    "WORDS", "output_token_text", "OutputText", "continued_output", "prompt_seed", "chat_output",
+]  # fmt: skip
 
 #: Vocabulary of generated text: short English words, each one token.
 WORDS: tuple[str, ...] = tuple(
@@ -92,3 +97,15 @@ def continued_output(prompt: str, seed_of: Callable[[str], int]) -> OutputText:
         if output_token_text(seed, 0) == prompt[start:first_end]:
             return OutputText(seed, n_words)
     return OutputText(seed_of(prompt))
+
+
+def prompt_seed(text: str) -> int:
+    """The output seed of a rendered prompt: the same prompt makes the same text on every
+    engine."""
+    return key_hash(text) & 0xFFFFFFFF
+
+
+def chat_output(messages: Sequence[Mapping[str, object]]) -> OutputText:
+    """The output a chat request (no continuation) makes on any engine: what a client checks
+    a relayed stream against."""
+    return OutputText(prompt_seed(render_chat(messages)))

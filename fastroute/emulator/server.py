@@ -66,7 +66,7 @@ from fastroute.emulator.model import (
     Request,
     RequestTooLongError,
 )
-from fastroute.emulator.output_text import OutputText, continued_output
+from fastroute.emulator.output_text import OutputText, continued_output, prompt_seed
 from fastroute.emulator.profiles import true_profile
 from fastroute.emulator.protocol import (
     SSE_DONE,
@@ -81,7 +81,6 @@ from fastroute.emulator.protocol import (
 )
 from fastroute.emulator.responses_api import ResponsesAPI
 from fastroute.hardware import get_profile
-from fastroute.hashing import key_hash
 from fastroute.tokens import TokenizedPrompt, render_chat, tokenize_ids, tokenize_text
 
 __all__ = [
@@ -1077,10 +1076,6 @@ class EmulatedEngine:
         return resp
 
 
-def _output_seed(text: str) -> int:
-    return key_hash(text) & 0xFFFFFFFF
-
-
 def _output_text(parsed: Any, chat: bool) -> OutputText:
     """The output of a request: seeded by its prompt, so the same request makes the same
     text on every engine, and a continuation (a chat's partial final assistant turn with
@@ -1090,14 +1085,14 @@ def _output_text(parsed: Any, chat: bool) -> OutputText:
     if not chat:
         prompt = parsed.prompt
         if isinstance(prompt, str):
-            return continued_output(prompt, _output_seed)
-        return OutputText(_output_seed(msgspec.json.encode(prompt).decode()))
+            return continued_output(prompt, prompt_seed)
+        return OutputText(prompt_seed(msgspec.json.encode(prompt).decode()))
     messages = parsed.messages
     if not parsed.continue_final_message:
-        return OutputText(_output_seed(render_chat(messages)))
+        return OutputText(prompt_seed(render_chat(messages)))
     partial = messages[-1].get("content")
     done = len(partial.split()) if isinstance(partial, str) else 0
-    return OutputText(_output_seed(render_chat(messages[:-1])), done)
+    return OutputText(prompt_seed(render_chat(messages[:-1])), done)
 
 
 #: What a real vLLM says in-stream when its engine core dies.

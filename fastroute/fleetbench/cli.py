@@ -48,6 +48,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--attainment", type=float, default=0.9,
         help="share of requests that must meet both SLOs (default 0.9)",
     )  # fmt: skip
+    _add_chaos(sub)
+
+
+def _add_chaos(sub: argparse._SubParsersAction) -> None:
+    from fastroute.fleetbench.chaos_faults import FAULT_KINDS
+
+    chaos = sub.add_parser(
+        "chaos", help="steady load on an emulated fleet while a seeded schedule injects faults",
+    )  # fmt: skip
+    chaos.add_argument("--duration-s", type=float, default=600.0, help="default 600")
+    chaos.add_argument("--seed", type=int, default=0, help="schedule seed (default 0)")
+    chaos.add_argument("--engines", type=int, default=4, help="emulated engines (default 4)")
+    chaos.add_argument("--concurrency", type=int, default=6, help="closed-loop clients (default 6)")
+    chaos.add_argument("--max-tokens", type=int, default=160, help="per request (default 160)")
+    chaos.add_argument(
+        "--kinds", nargs="+", default=list(FAULT_KINDS), choices=FAULT_KINDS, metavar="KIND",
+        help=f"fault kinds (default all: {' '.join(FAULT_KINDS)})",
+    )  # fmt: skip
+    chaos.add_argument("--gap-s", type=float, default=10.0, help="calm between faults (10)")
+    chaos.add_argument(
+        "--soak", action="store_true",
+        help="sample every process's RSS, fds and event-loop tasks every 10 s and fit their "
+        "slopes (use with a long --duration-s and a large --gap-s: faults at a low rate)",
+    )  # fmt: skip
+    chaos.add_argument("--out", default="bench-results/chaos", help="output directory")
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    """Run ``fastroute bench chaos``; 0 when the verdict is pass, 1 when fail."""
+    import asyncio
+    from pathlib import Path
+
+    from fastroute.fleetbench.chaos import ChaosOptions, markdown, run_chaos
+
+    options = ChaosOptions(
+        duration_s=args.duration_s, seed=args.seed, engines=args.engines,
+        concurrency=args.concurrency, max_tokens=args.max_tokens, kinds=tuple(args.kinds),
+        gap_s=args.gap_s, sample_interval_s=10.0 if args.soak else None,
+    )  # fmt: skip
+    try:
+        summary = asyncio.run(run_chaos(options, Path(args.out)))
+    except ValueError as exc:
+        print(f"fastroute bench chaos: {exc}", file=sys.stderr)
+        return 2
+    print(markdown(summary), flush=True)
+    return 0 if summary["verdict"] == "pass" and not summary.get("leaks") else 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
     import msgspec
 
     from fastroute.fleetbench.spec import BenchSpecError, load_spec
+
+    if args.bench_command == "chaos":
+        return _chaos(args)
 
     paths = args.spec if isinstance(args.spec, list) else [args.spec]
     try:

@@ -20,6 +20,8 @@ name                                       type       labels / meaning
 ``fastroute_proxy_in_flight``              gauge      requests being handled
 ``fastroute_proxy_table_generation``       gauge      weight-table generation (0 fallback)
 ``fastroute_proxy_table_age_seconds``      gauge      now − the table's publish time
+``fastroute_proxy_asyncio_tasks``          gauge      tasks of the worker's event loop (a
+                                                      steady climb is a leak; the soak reads it)
 ``fastroute_proxy_calibration_coefficient`` gauge     type, coef: step-time coefficient (s)
 ``fastroute_proxy_calibration_samples``    gauge      type, kind: observations folded in
 ``fastroute_proxy_calibration_abs_rel_error`` gauge   type: EWMA of |relative error|
@@ -39,6 +41,7 @@ process (tests) apart.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from bisect import bisect_left
 from collections.abc import Callable
@@ -56,6 +59,14 @@ __all__ = ["ProxyMetrics", "PendingHistogram", "LATENCY_BUCKETS_S", "TBOT_BUCKET
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 #: Buckets of time between output tokens, seconds.
 TBOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
+
+
+def loop_tasks() -> float:
+    """Tasks of the running event loop; NaN when read off the loop (a test's thread)."""
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:
+        return float("nan")
 
 
 class ProxyMetrics:
@@ -149,6 +160,12 @@ class ProxyMetrics:
             return float("nan") if published is None else max(0.0, time.time() - published)
 
         age.set_function(table_age)
+        tasks = Gauge(
+            "fastroute_proxy_asyncio_tasks",
+            "Tasks of this worker's event loop (a steady climb is a leak).",
+            registry=r,
+        )
+        tasks.set_function(loop_tasks)
         # Labelled children by label values: ``labels(...)`` validates and locks on every
         # call (~2 % of a worker's CPU per request); the label sets are few and fixed.
         self._request_children: dict[tuple[str, str, int], Any] = {}
