@@ -47,7 +47,7 @@ from fastroute.fleetbench.process import (
 )
 from fastroute.fleetbench.soak import ResourceSample, leak_report, sample_forever, write_plot
 
-__all__ = ["ChaosOptions", "ChaosRun", "summarize", "run_chaos"]
+__all__ = ["ChaosOptions", "ChaosRun", "FleetShape", "markdown", "run_chaos", "summarize"]
 
 MODEL = "chaos-8b"
 #: Bound on a process becoming ready, seconds (a restarted engine or controller too).
@@ -93,10 +93,30 @@ class ChaosOptions:
     sample_interval_s: float | None = None
 
 
-def _config(engine_urls: list[str], controller_port: int, proxy_port: int, tag: str) -> str:
+@dataclass(frozen=True)
+class FleetShape:
+    """What other runs on the chaos fleet change (the overload benchmark: classes, a capacity).
+
+    Attributes
+    ----------
+    capacity_rps : float
+        Each engine's ``capacity_rps`` in the config (the controller plans with it).
+    engine_args : tuple of str
+        Extra ``fastroute engine`` options (e.g. ``--max-num-seqs 8``).
+    extra_toml : str
+        Appended to the config (e.g. ``[[classes]]`` tables).
+    """
+
+    capacity_rps: float = 10.0
+    engine_args: tuple[str, ...] = ()
+    extra_toml: str = ""
+
+
+def _config(engine_urls: list[str], ports: tuple[int, int], tag: str, shape: FleetShape) -> str:
+    controller_port, proxy_port = ports
     engines = "".join(
         f'[[engines]]\nname = "e{k}"\nurl = "{url}"\nmodels = ["{MODEL}"]\nhardware = "h100"\n'
-        f"capacity_rps = 10.0\n\n"
+        f"capacity_rps = {shape.capacity_rps!r}\n\n"
         for k, url in enumerate(engine_urls)
     )
     return (
@@ -106,6 +126,7 @@ def _config(engine_urls: list[str], controller_port: int, proxy_port: int, tag: 
         + "scrape_timeout_s = 0.8\n\n"
         + f"[proxy]\nport = {proxy_port}\nworkers = {WORKERS}\n"
         + f'table_name = "{tag}-weights"\nstats_name = "{tag}-stats"\n'
+        + shape.extra_toml
     )
 
 
@@ -115,6 +136,7 @@ class ChaosRun:
 
     options: ChaosOptions
     run_dir: Path
+    shape: FleetShape = field(default_factory=FleetShape)
     procs: ProcessSet = field(init=False)
     engine_ports: list[int] = field(default_factory=list)
     engines: list[ManagedProcess | None] = field(default_factory=list)
@@ -141,7 +163,7 @@ class ChaosRun:
             f"engine-e{k}-{self.restarts[f'e{k}']}",
             self._cmd("engine", "--count", "1", "--base-port", str(self.engine_ports[k]),
                       "--profile", "h100", "--model", MODEL, "--name-prefix", f"e{k}",
-                      "--seed", str(k)),
+                      "--seed", str(k), *self.shape.engine_args),
         )  # fmt: skip
         self.engines[k] = proc
         await wait_http_ok(self._engine_url(k) + "/health", timeout_s=READY_TIMEOUT_S, process=proc)
@@ -165,9 +187,8 @@ class ChaosRun:
         self.controller_url = f"http://127.0.0.1:{controller_port}"
         self.proxy_url = f"http://127.0.0.1:{proxy_port}"
         tag = f"fastroute-chaos-{os.getpid()}"
-        self.config_text = _config(
-            [self._engine_url(k) for k in range(n)], controller_port, proxy_port, tag
-        )
+        urls = [self._engine_url(k) for k in range(n)]
+        self.config_text = _config(urls, (controller_port, proxy_port), tag, self.shape)
         self.config_path.write_text(self.config_text)
         await asyncio.gather(*(self._start_engine(k) for k in range(n)))
         await self._start_controller()

@@ -71,16 +71,19 @@ def proc_resources(pid: int) -> dict[str, float] | None:
 
 
 async def _gauge(http: aiohttp.ClientSession, url: str, name: str) -> float | None:
+    """The sum of ``name``'s samples (any labels) on ``url``'s ``/metrics``; None if absent."""
     try:
         async with http.get(url + "/metrics") as resp:
             text = await resp.text()
     except (aiohttp.ClientError, TimeoutError):
         return None
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            value = float(line.split()[1])
-            return None if math.isnan(value) else value
-    return None
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + " ", name + "{"))
+    ]
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) if values else None
 
 
 async def sample_forever(
@@ -97,7 +100,8 @@ async def sample_forever(
     processes : callable
         The (role, pid) pairs alive now (called at each sample, so restarts are followed).
     task_gauges : iterable of (role, url, metric)
-        Where to read an event loop's task count.
+        Gauges to read from ``/metrics`` (an event loop's task count, a queue length); the
+        sample's resource is the metric's name.
     """
     gauges = list(task_gauges)
     timeout = aiohttp.ClientTimeout(total=5.0)
@@ -110,7 +114,7 @@ async def sample_forever(
             for role, url, metric in gauges:
                 value = await _gauge(http, url, metric)
                 if value is not None:
-                    out.append(ResourceSample(t, role, 0, "asyncio_tasks", value))
+                    out.append(ResourceSample(t, role, 0, metric, value))
             await asyncio.sleep(interval_s)
 
 

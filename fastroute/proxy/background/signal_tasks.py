@@ -263,6 +263,19 @@ def _engine_state(ctx: ProxyContext) -> tuple[Mapping[int, int], Mapping[int, bo
     return in_flight, ejected
 
 
+def report_url_of(config: Config) -> str | None:
+    """Where the proxy reports demand: ``proxy.controller_url``, else the controller of this
+    host (the config's ``[controller]`` host and port; the table comes through shared memory,
+    the demand must still reach the LP). None when that port is 0 (picked at start: unknown)."""
+    if config.proxy.controller_url:
+        return config.proxy.controller_url
+    ctl = config.controller
+    if ctl.port == 0:
+        return None
+    host = "127.0.0.1" if ctl.host in ("0.0.0.0", "::", "") else ctl.host
+    return f"http://[{host}]:{ctl.port}" if ":" in host else f"http://{host}:{ctl.port}"
+
+
 def install_signal_tasks(
     ctx: ProxyContext,
     config: Config,
@@ -278,7 +291,7 @@ def install_signal_tasks(
     Parameters
     ----------
     ctx : ProxyContext
-        ``ctx.aggregator`` is set when a controller is configured.
+        ``ctx.aggregator`` is set when reports have somewhere to go (:func:`report_url_of`).
     config : Config
     table_name : str, optional
         Local table the puller writes; default ``config.proxy.table_name``.
@@ -305,7 +318,8 @@ def install_signal_tasks(
     tasks.models = ModelsScraper(
         ctx.models, lambda: (current_context() if current_context else ctx).config
     )
-    if proxy.controller_url:
+    report_url = report_url_of(config)
+    if report_url is not None:
         tasks.aggregator = DemandAggregator(proxy.cluster, f"{socket.gethostname()}:{os.getpid()}")
         ctx.aggregator = tasks.aggregator
 
@@ -313,14 +327,15 @@ def install_signal_tasks(
             return (current_context() if current_context else ctx).metrics.calibration
 
         tasks.reporter = Reporter(
-            proxy.controller_url,
+            report_url,
             tasks.aggregator,
             interval_s=proxy.report_interval_s,
             engine_state=lambda: _engine_state(current_context() if current_context else ctx),
             calibration=calibration,
         )
         if calibration() is not None:
-            tasks.calibration = CalibrationPull(proxy.controller_url, calibration)
+            tasks.calibration = CalibrationPull(report_url, calibration)
+    if proxy.controller_url:  # a controller on this host writes the table into shared memory
         tasks.puller = WeightsPuller(proxy.controller_url, table_name or proxy.table_name)
     if proxy.scrape_engines:
         tasks.scraper = EngineScraper(
