@@ -6,6 +6,7 @@ proxy, the controller or vLLM (the engines) exports. The datasource is the ``dat
 template variable; ``$__rate_interval`` follows the scrape interval Grafana is told.
 """
 
+# ruff: noqa: E501  (PromQL expressions read better unbroken)
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ OUT = Path(__file__).with_name("fastroute.json")
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RI = "$__rate_interval"
 
+# fmt: off
 #: (row title, [(panel title, unit, [(legend, expr), ...]), ...]); one row of panels per entry.
 ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
     ("Traffic (proxy)", [
@@ -125,6 +127,7 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ]),
     ]),
 ]
+# fmt: on
 
 
 def _panel(pid: int, title: str, unit: str, targets: list[tuple[str, str]], x: int, y: int) -> dict:
@@ -148,11 +151,21 @@ def dashboard() -> dict:
     panels: list[dict] = []
     y = 0
     for row_title, row in ROWS:
-        panels.append({"id": len(panels) + 1, "type": "row", "title": row_title, "collapsed": False,
-                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        panels.append(
+            {
+                "id": len(panels) + 1,
+                "type": "row",
+                "title": row_title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
         y += 1
         for i, (title, unit, targets) in enumerate(row):
-            panels.append(_panel(len(panels) + 1, title, unit, targets, 6 * (i % 4), y + 8 * (i // 4)))
+            panels.append(
+                _panel(len(panels) + 1, title, unit, targets, 6 * (i % 4), y + 8 * (i // 4))
+            )
         y += 8 * ((len(row) + 3) // 4)
     return {
         "uid": "fastroute",
@@ -163,10 +176,18 @@ def dashboard() -> dict:
         "editable": True,
         "time": {"from": "now-1h", "to": "now"},
         "refresh": "30s",
-        "templating": {"list": [{
-            "name": "datasource", "label": "Prometheus", "type": "datasource",
-            "query": "prometheus", "current": {}, "hide": 0,
-        }]},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                }
+            ]
+        },
         "panels": panels,
     }
 

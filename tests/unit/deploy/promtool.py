@@ -1,4 +1,7 @@
-"""Run Debian's ``promtool`` (``deploy/system_packages.sh`` installs it); fail, never skip, without."""
+"""Run Debian's ``promtool`` (``deploy/system_packages.sh`` installs it); without it, fail.
+
+Never a skip: the rules would otherwise go untested silently.
+"""
 
 from __future__ import annotations
 
