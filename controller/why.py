@@ -73,6 +73,19 @@ def _pct(x: float) -> str:
     return f"{x * 100:.0f} %"
 
 
+def _dur(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1.0 else f"{seconds:.1f} s"
+
+
+def _default_demand_note(ctx: PlanContext, engine: int) -> str:
+    """A note when every class routed to ``engine`` is planned for its capacity default."""
+    plan = ctx.plan
+    routed = plan.x_rps[:, engine] > 0
+    if routed.any() and not plan.measured[routed].any():
+        return "; planned for the default demand (no reports yet)"
+    return ""
+
+
 def _group_utilisation(ctx: PlanContext) -> FloatArray:
     g = ctx.model.groups
     load = ctx.plan.result.x_rps.sum(axis=0)
@@ -125,8 +138,8 @@ def _reserve_line(ctx: PlanContext, engine: int, util: FloatArray) -> str:
     )
     return (
         f"held in reserve: cheaper to serve {spec.cluster} from {rival_name} {where} "
-        f"(now {_pct(float(util[rival]))}; a request here costs {entry_s * 1e3:.0f} ms, "
-        f"{mu_s * 1e3:.0f} ms there at the margin)"
+        f"(now {_pct(float(util[rival]))}; a request costs {_dur(entry_s)} here, "
+        f"{_dur(mu_s)} there at the margin)"
     )
 
 
@@ -152,13 +165,14 @@ def _engine_line(ctx: PlanContext, engine: int, util: FloatArray) -> str:
         return f"unavailable: derated to 0 ({reason})"
     if cap <= 0.0:
         return "no capacity: capacity_rps is 0"
+    note = _default_demand_note(ctx, engine)
     if level < 1.0:
         return f"derated to {_pct(level)} of its capacity ({reason}); at {_pct(rho)} utilisation"
     if rho >= rho_max - SATURATION_TOL:
-        return f"saturated: at ρ_max = {_pct(rho_max)} (capacity bound binding)"
+        return f"saturated: at ρ_max = {_pct(rho_max)} (capacity bound binding){note}"
     if float(plan.x_rps[:, engine].sum()) < IDLE_SHARE * cap:
         return _reserve_line(ctx, engine, util)
-    return f"balanced: at {_pct(rho)} utilisation its marginal latency equals its classes'"
+    return f"balanced: at {_pct(rho)} utilisation its marginal latency equals its classes'{note}"
 
 
 def explain_engines(ctx: PlanContext) -> list[str]:

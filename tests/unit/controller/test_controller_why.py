@@ -103,6 +103,15 @@ def test_derated_and_unavailable_engines_quote_the_derating_reason() -> None:
     assert lines[1] == "unavailable: derated to 0 (down)"
 
 
+def test_plans_for_unmeasured_demand_say_so() -> None:
+    m = _model(("east", "east"))
+    plan = _plan(m, _demand(m, east=6.0))
+    unmeasured = Plan(**{**plan.__dict__, "measured": np.zeros(len(m.classes), bool)})
+    assert all(w.endswith("; planned for the default demand (no reports yet)")
+               for w in _why(m, unmeasured))  # fmt: skip
+    assert not any("default demand" in w for w in _why(m, plan))
+
+
 def test_engines_without_demand_are_idle() -> None:
     m = _model()
     plan = _plan(m, _demand(m))
