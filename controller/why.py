@@ -166,13 +166,18 @@ def _engine_line(ctx: PlanContext, engine: int, util: FloatArray) -> str:
     if cap <= 0.0:
         return "no capacity: capacity_rps is 0"
     note = _default_demand_note(ctx, engine)
+    # utilisation of a small engine is a small share of the fleet: say the rates too
+    rates = f" ({float(plan.x_rps[:, engine].sum()):.2g} of {cap:.2g} rps)"
     if level < 1.0:
         return f"derated to {_pct(level)} of its capacity ({reason}); at {_pct(rho)} utilisation"
     if rho >= rho_max - SATURATION_TOL:
-        return f"saturated: at ρ_max = {_pct(rho_max)} (capacity bound binding){note}"
+        return f"saturated: at ρ_max = {_pct(rho_max)}{rates} (capacity bound binding){note}"
     if float(plan.x_rps[:, engine].sum()) < IDLE_SHARE * cap:
         return _reserve_line(ctx, engine, util)
-    return f"balanced: at {_pct(rho)} utilisation its marginal latency equals its classes'{note}"
+    return (
+        f"balanced: at {_pct(rho)} utilisation{rates} its marginal latency equals its "
+        f"classes'{note}"
+    )
 
 
 def explain_engines(ctx: PlanContext) -> list[str]:

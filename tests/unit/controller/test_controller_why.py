@@ -70,7 +70,7 @@ def test_remote_engine_is_held_in_reserve_until_the_threshold_it_names() -> None
     cap = float(m.capacity_rps[0])
     plan = _plan(m, _demand(m, east=0.1 * cap))
     near, far = _why(m, plan)
-    assert near.startswith("balanced: at 10 % utilisation"), near
+    assert near.startswith("balanced: at 10 % utilisation (1 of 10 rps)"), near
     assert far.startswith("held in reserve: cheaper to serve east from engine-0 until they reach")
     until = float(re.search(r"until they reach (\d+) % utilisation", far).group(1)) / 100
     assert "(now 10 %" in far
@@ -91,7 +91,9 @@ def test_saturated_engines_name_the_binding_capacity_bound() -> None:
     assert plan.shed_fraction.max() > 0.5
     rho_max = float(m.profiles[0].breakpoints_rho[-1])
     for line in _why(m, plan):
-        assert line == f"saturated: at ρ_max = {rho_max * 100:.0f} % (capacity bound binding)"
+        assert line == (
+            f"saturated: at ρ_max = {rho_max * 100:.0f} % (9.5 of 10 rps) (capacity bound binding)"
+        )
 
 
 def test_derated_and_unavailable_engines_quote_the_derating_reason() -> None:
@@ -123,8 +125,8 @@ def test_two_alike_engines_share_one_group_and_one_explanation() -> None:
     m = _model(("east", "east"))
     assert m.groups.n_groups == 1
     plan = _plan(m, _demand(m, east=6.0))
-    assert _why(m, plan) == ["balanced: at 30 % utilisation its marginal latency equals its "
-                             "classes'"] * 2  # fmt: skip
+    assert _why(m, plan) == ["balanced: at 30 % utilisation (3 of 10 rps) its marginal latency "
+                             "equals its classes'"] * 2  # fmt: skip
 
 
 def test_move_penalty_holds_back_traffic_the_lp_would_otherwise_move() -> None:
