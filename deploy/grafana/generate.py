@@ -84,6 +84,11 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
             ("{{class}}", f"sum by (class) (rate(fastroute_proxy_shed_total[{RI}]))"
                           f" / sum by (class) (rate(fastroute_proxy_requests_total[{RI}]))"),
         ]),
+        # fastroute_proxy_tenant_rejected_total comes with the tenant-limits change (allow-listed
+        # in tests/unit/deploy/test_grafana_dashboard.py until it lands)
+        ("429s per tenant and limit", "reqps", [
+            ("{{tenant}} {{limit}}", f"sum by (tenant, limit) (rate(fastroute_proxy_tenant_rejected_total[{RI}]))"),
+        ]),
         ("Planned shed fraction (controller)", "percentunit", [
             ("{{class}}", "fastroute_controller_shed_fraction"),
         ]),

@@ -16,9 +16,10 @@ from promtool import ROOT, RULES
 
 GRAFANA = ROOT / "deploy" / "grafana"
 
-#: Metrics another change adds, allowed before they land (none: the per-tenant 429 counter of
-#: the tenant-limits change is not on the dashboard yet).
-ADDED_BY_OTHER_CHANGES: frozenset[str] = frozenset()
+#: Metrics another change adds, allowed before they land: the per-tenant 429 counter of the
+#: tenant-limits change (``fastroute_proxy_tenant_rejected_total{tenant,limit}``), on the
+#: "Admission and shedding" row. Drop a name from here once its change is merged.
+ADDED_BY_OTHER_CHANGES: frozenset[str] = frozenset({"fastroute_proxy_tenant_rejected_total"})
 
 
 def _generator() -> Any:
@@ -101,6 +102,8 @@ def test_every_metric_used_is_exported(exported: dict[str, set[str]]) -> None:
     recorded = {r["record"] for r in _rules() if "record" in r}
     known = exported["proxy"] | exported["controller"] | vllm_names() | recorded
     known |= ADDED_BY_OTHER_CHANGES
+    # no stale allow-list entry: each one is still read by the dashboard or the rules
+    assert ADDED_BY_OTHER_CHANGES <= set().union(*map(promql_metric_names, _dashboard_exprs()))
     used = {
         "dashboard": set().union(*map(promql_metric_names, _dashboard_exprs())),
         "rules": set().union(*(promql_metric_names(r["expr"]) for r in _rules())),
