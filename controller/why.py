@@ -11,7 +11,8 @@ none of ``g``. The line says, in this order of precedence:
   profile) is quoted; the load follows;
 * ``saturated``: its utilisation reached the last breakpoint ``ρ_max`` — the capacity bound is
   binding, more demand for it goes elsewhere or is shed;
-* ``held in reserve``: it carries (almost) nothing because serving its busiest class from the
+* ``held in reserve``: it carries (almost) nothing because serving its nearest class (with
+  demand; the busiest among equals) from the
   engine that does serve it is cheaper (``entry > μ_g``); the line names that engine and the
   utilisation at which it stops being cheaper (the first breakpoint from which ``d_ge' + m_e'k``
   exceeds ``e``'s entry cost). When ``entry ≤ μ_g`` the next request would come here and the
@@ -115,7 +116,10 @@ def _reserve_line(ctx: PlanContext, engine: int, util: FloatArray) -> str:
     classes = np.flatnonzero(m.groups.eligible[:, group] & (plan.demand_rps > 0))
     if classes.size == 0:
         return f"idle: no demand for {', '.join(_models(m, engine)) or 'its models'}"
-    cls = int(classes[np.argmax(plan.demand_rps[classes])])
+    # the nearest class first (the engine's own region: "why does my region not use it?"),
+    # then the busiest
+    d = m.groups.network_latency_s[classes, group]
+    cls = int(classes[np.lexsort((-plan.demand_rps[classes], d))[0]])
     spec = m.classes[cls]
     x_cls = plan.result.x_rps[cls]
     if x_cls.sum() <= 0:

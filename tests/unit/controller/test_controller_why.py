@@ -18,11 +18,15 @@ MODEL = "demo-8b"
 HEALTHY = {"level": 1.0, "reason": "healthy"}
 
 
-def _model(regions: tuple[str, ...] = ("east", "west"), cap_rps: float = 10.0) -> FleetModel:
-    """engine-0 in east, engine-1 in west (both H100, ``cap_rps``), east ↔ west 80 ms."""
+def _model(
+    regions: tuple[str, ...] = ("east", "west"), cap_rps: float = 10.0, hardware: str = "h100"
+) -> FleetModel:
+    """engine-0 in east, engine-1 in west (``cap_rps`` each; H100, or ``hardware`` for all but
+    engine-0), east ↔ west 80 ms."""
     engines = "".join(
         f'[[engines]]\nname = "engine-{i}"\nurl = "http://127.0.0.1:{9 + i}"\n'
-        f'models = ["{MODEL}"]\nregion = "{r}"\nhardware = "h100"\ncapacity_rps = {cap_rps}\n\n'
+        f'models = ["{MODEL}"]\nregion = "{r}"\nhardware = "{"h100" if i == 0 else hardware}"\n'
+        f"capacity_rps = {cap_rps}\n\n"
         for i, r in enumerate(regions)
     )
     nets = "".join(f'[[network.regions]]\nname = "{r}"\n\n' for r in sorted(set(regions)))
@@ -82,6 +86,16 @@ def test_remote_engine_is_held_in_reserve_until_the_threshold_it_names() -> None
     assert below.x_rps[:, 0].sum() == pytest.approx((until - 0.02) * cap)
     assert above.x_rps[:, 1].sum() > 1e-6
     assert _why(m, below)[1].startswith("held in reserve")
+
+
+def test_a_slow_local_engine_names_its_own_region_served_from_the_faster_remote_one() -> None:
+    """West's A40 idles while west's demand goes 80 ms east to the much faster H100: the line is
+    about west (its own region), though east's demand is larger."""
+    m = _model(hardware="a40")
+    plan = _plan(m, _demand(m, east=2.0, west=1.0))
+    assert plan.x_rps[:, 1].sum() == pytest.approx(0.0, abs=1e-9)
+    line = _why(m, plan)[1]
+    assert line.startswith("held in reserve: cheaper to serve west from engine-0 until they")
 
 
 def test_saturated_engines_name_the_binding_capacity_bound() -> None:
