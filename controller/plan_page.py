@@ -10,7 +10,8 @@ Fields rendered when present (besides those ``plan_json`` fills today):
 
 * per engine ``region``, ``hardware``; ``health_level`` (health factor, or a label),
   ``health_reason``, ``health_since`` (epoch s; shown as an age), ``unavailable``,
-  ``effective_capacity_rps``; ``signals`` (a flat ``{name: value}`` dict) with ``signals_at``
+  ``effective_capacity_rps``; ``why`` (one line: why its share is what it is,
+  :mod:`controller.why`); ``signals`` (a flat ``{name: value}`` dict) with ``signals_at``
   (epoch s) or ``signals_age_s``; ``scrape.prefix_cache`` (the engine's prefix-cache window).
 * top-level ``prefix_cache``: the fleet's token-weighted prefix-cache hit rate and its window.
 """
@@ -243,8 +244,8 @@ def _engines(plan: Mapping[str, Any], hues: Mapping[str, int], now: float | None
         return "<p>No engines.</p>"
     head = (
         "<tr><th></th><th>engine</th><th>region</th><th>hardware</th><th>group</th>"
-        "<th>capacity</th><th>load</th><th>utilisation</th><th>health</th>"
-        "<th>prefix cache</th><th>last signals</th></tr>"
+        "<th>capacity</th><th>load</th><th>utilisation</th><th>why this share</th>"
+        "<th>health</th><th>prefix cache</th><th>last signals</th></tr>"
     )
     rows = []
     for e in engines:
@@ -280,7 +281,8 @@ def _engines(plan: Mapping[str, Any], hues: Mapping[str, int], now: float | None
             f"<td>{_fmt(e.get('hardware'))}</td><td>{_fmt(e.get('group'), 'd')}</td>"
             f'<td class="n">{capacity}</td>'
             f'<td class="n">{_fmt(load, ".3g", unit=" rps")}</td>'
-            f'<td class="n">{_fmt(util, ".1%")}</td><td>{health}</td>'
+            f'<td class="n">{_fmt(util, ".1%")}</td><td>{_fmt(e.get("why"))}</td>'
+            f"<td>{health}</td>"
             f"<td>{_prefix_cache(_dict(_dict(e.get('scrape')).get('prefix_cache')))}</td>"
             f"<td>{_signals(e, now)}</td></tr>"
         )

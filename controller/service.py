@@ -81,6 +81,7 @@ from controller.options import ControllerOptions
 from controller.planner import PeriodInputs, PeriodPlan, PlanningError, make_planner
 from controller.publish import TablePublisher
 from controller.scrape import EngineScraper, ScrapeWindow
+from controller.why import PlanContext, explain_engines
 from fastroute.config import Config
 from fastroute.errors import TableError
 from fastroute.signals.reports import Report
@@ -519,6 +520,14 @@ class ControllerService:
         if self.plan is not None:
             out.update(plan_fields(self.plan))
             out["classes"] = classes_json(self.plan, self.model)
+            ctx = PlanContext(
+                learning.model,
+                self.plan,
+                [e["derating"] for e in out["engines"]],
+                kappa_s=self.config.controller.kappa_s,
+            )
+            for e, why in zip(out["engines"], explain_engines(ctx), strict=True):
+                e["why"] = why
         return out
 
 

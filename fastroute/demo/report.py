@@ -8,7 +8,7 @@ from fastroute.fleetbench.fleet import PlannedEngine
 from fastroute.fleetbench.scrape import EngineCounters, ProxyCounters
 from fastroute.loadgen.summary import RunSummary
 
-__all__ = ["summary_table", "plan_text", "urls_text", "keep_text"]
+__all__ = ["summary_table", "plan_text", "why_text", "urls_text", "keep_text"]
 
 
 def _ms(value: float | None) -> str:
@@ -82,6 +82,24 @@ def plan_text(plan: object) -> str:
     if derated:
         return f"controller  generation {gen}; derated " + "; ".join(derated)
     return f"controller  generation {gen}; no engine derated"
+
+
+def why_text(plan: object) -> str:
+    """One line per engine: why the controller's plan gives it its share (``engines[].why`` of
+    ``/v1/plan``, :mod:`controller.why`); empty when the plan has none."""
+    if not isinstance(plan, dict):
+        return ""
+    rows = [
+        (str(e.get("name")), str(e["why"]))
+        for e in plan.get("engines") or []
+        if isinstance(e, dict) and e.get("why")
+    ]
+    if not rows:
+        return ""
+    width = max(len(name) for name, _ in rows)
+    return "Why each engine gets its share (controller plan):\n" + "\n".join(
+        f"  {name:<{width}}  {why}" for name, why in rows
+    )
 
 
 def urls_text(

@@ -172,6 +172,8 @@ async def _demo(options: DemoOptions, procs: ProcessSet, run_dir: Path, prefix: 
     _say(report.summary_table(summary, engines, engine_counters, proxy_counters,
                               fault_note=fault_note))  # fmt: skip
     _say(report.plan_text(plan))
+    if why := report.why_text(plan):
+        _say(why)
     _say(f"SLOs: TTFT ≤ {SLO_S[MODELS[0]][0]:g} s, TBOT ≤ {SLO_S[MODELS[0]][1]:g} s")
     _say("")
     _say(report.urls_text(proxy_urls, stack.controller_url, engines))

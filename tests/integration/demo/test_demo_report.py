@@ -6,7 +6,7 @@ import ast
 import re
 import subprocess
 
-from fastroute.demo.report import keep_text, plan_text, summary_table
+from fastroute.demo.report import keep_text, plan_text, summary_table, why_text
 from fastroute.fleetbench.fleet import PlannedEngine
 from fastroute.fleetbench.scrape import EngineCounters, ProxyCounters
 from fastroute.loadgen import RequestRecord, summarize
@@ -30,6 +30,20 @@ def test_plan_text_names_derated_engines() -> None:
     assert plan_text(plan) == "controller  generation 7; derated b to 0.75 of capacity (ttft z=4.1)"
     assert "no engine derated" in plan_text({"generation": 1, "engines": []})
     assert plan_text(None) == "controller plan: unavailable"
+
+
+def test_why_text_has_one_aligned_line_per_explained_engine() -> None:
+    plan = {"engines": [
+        {"name": "us-east-h100-0", "why": "balanced: at 62 % utilisation"},
+        {"name": "eu-a40", "why": "held in reserve: cheaper to serve eu-west from us-east"},
+        {"name": "old", "health_level": 1.0},
+    ]}  # fmt: skip
+    assert why_text(plan).splitlines() == [
+        "Why each engine gets its share (controller plan):",
+        "  us-east-h100-0  balanced: at 62 % utilisation",
+        "  eu-a40          held in reserve: cheaper to serve eu-west from us-east",
+    ]
+    assert why_text({"engines": []}) == "" and why_text(None) == ""
 
 
 def test_summary_table_has_a_row_per_engine_and_the_totals() -> None:

@@ -92,6 +92,7 @@ def _plan() -> dict[str, Any]:
             "unavailable": True,
             "effective_capacity_rps": 10.0,
             "health_reason": "ttft > 3× profile <img src=x>",
+            "why": "derated to 50 % <i>of</i> its capacity",
             "health_since": 1000.0,
             "signals": {"queue<len>": 4, "kv_usage": 0.91},
             "signals_at": 1090.0,
@@ -173,6 +174,7 @@ def test_renders_header_classes_and_engines() -> None:
         "100.0 s ago",
         "10.0 s ago",
         "kv_usage=0.91",
+        "derated to 50 % <i>of</i> its capacity",  # the why line, escaped
     ]:
         assert needle in text, needle
     widths = [float(w) for w in re.findall(r"width:([0-9.]+)%", page)]
@@ -289,6 +291,11 @@ def test_renders_a_real_plan_over_http(shm_name: str) -> None:
         assert page.count('<div class="bar">') == 6
         for i in range(4):
             assert f"<td>engine-{i}</td>" in page
+        # every engine says why its share is what it is, in JSON and on the page
+        whys = [e["why"] for e in plan["engines"]]
+        assert all(isinstance(w, str) and w for w in whys)
+        for w in whys:
+            assert f"<td>{html.escape(w)}</td>" in page
         # nothing scraped (the engines' URLs do not answer): unknown, per engine and fleet
         assert plan["prefix_cache"]["status"] == "unknown"
         assert [e["scrape"]["prefix_cache"]["status"] for e in plan["engines"]] == ["unknown"] * 4
