@@ -698,7 +698,8 @@ class ProxyConfig(_Section):
     controller_url : str, optional
         ``http://host:port`` of a controller on another host: the proxy pulls weight
         snapshots from it and reports to it. Unset means the controller shares this
-        host's ``table_name``.
+        host's ``table_name``, and the proxy reports its demand to the ``[controller]``
+        section's host and port (none when that port is 0).
     report_interval_s : float
         How often the proxy reports demand and in-band signals to the controller.
     scrape_engines : bool
