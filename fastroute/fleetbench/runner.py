@@ -227,7 +227,7 @@ async def _start_router(
         stack = FastrouteStack(
             procs, spec.fleet, engines, sources, run_dir, prefix,
             policy=plan.policy or DEFAULT_POLICY_NAME, policy_params=plan.params,
-            hardware=plan.hardware,
+            hardware=plan.hardware, hedge=plan.hedge,
             period_s=spec.controller_period_s, controller_enabled=spec.controller, slo_s=slo,
         )  # fmt: skip
         urls = await stack.start()
