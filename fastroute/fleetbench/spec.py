@@ -33,7 +33,8 @@ Example (``examples/bench/`` has complete ones)::
 
 Routers are named ``fastroute`` or ``fastroute:<policy>``, ``sglang:<policy>``,
 ``vllm-router:<policy>``, a key of ``[fastroute_variants]`` (fastroute with a policy and
-its ``[policy.params.<policy>]``), or a key of ``[router_commands]`` (a command template,
+its ``[policy.params.<policy>]``, ``hedge = true`` for hedged first tokens), or a key of
+``[router_commands]`` (a command template,
 see :mod:`fastroute.fleetbench.routers`)::
 
     routers = ["fastroute:round-robin", "mc-cal"]
