@@ -568,7 +568,9 @@ class RetryConfig(_Section):
         step is 10–30 ms, a batch's prefill more) a late first token is batching noise,
         not a slow engine, and a hedge would only double the prefill.
     hedge_window : int
-        First-token times kept per hedged class for its delay (the most recent).
+        First-token times kept per hedged class for its delay (the most recent): 512
+        leaves about 25 above the p95, enough for a stable quantile, and at tens of
+        requests per second covers the last tens of seconds, so the delay follows load.
     hedge_min_samples : int
         Below this many first-token times the delay is the class's ``ttft_slo_s``
         (the tail the operator named), bounded below by the floor.
