@@ -461,6 +461,15 @@ class ClassConfig(_Section):
         A stream whose engine fails after tokens reached the client continues on the
         next ranked engine (``retry.max_migrations``; docs/failure-handling.md); false
         ends it with an SSE error event instead.
+    hedge : bool
+        Hedged first tokens (docs/failure-handling.md, "Hedged first tokens"): a stream
+        whose first token has not arrived after the hedge delay is also sent to the
+        runner-up engine; the first to produce a token is relayed, the other cancelled.
+        Off by default: a hedge pays one extra prefill, worth it only for TTFT-critical
+        classes.
+    hedge_floor_s : float, optional
+        The class's lower bound on the hedge delay, seconds; unset means
+        ``retry.hedge_floor_s``.
     """
 
     name: Name
@@ -470,6 +479,8 @@ class ClassConfig(_Section):
     tbot_slo_s: PositiveSeconds = 0.1
     policy: PolicyName | None = None
     migrate: bool = True
+    hedge: bool = False
+    hedge_floor_s: PositiveSeconds | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,6 +558,22 @@ class RetryConfig(_Section):
     max_migration_text_bytes : int
         Most bytes of a stream the proxy keeps to continue it elsewhere; a longer
         stream that breaks is not migrated (it ends with an SSE error event).
+    hedge_quantile : float
+        Classes with ``hedge = true``: the hedge delay is this quantile of the class's
+        recent first-token times (the conformal bound of the last ``hedge_window``).
+        A hedge fires only on requests slower than this quantile, so about
+        ``1 − hedge_quantile`` of them (5 % at 0.95) pay an extra prefill.
+    hedge_floor_s : float
+        Lower bound on the hedge delay, seconds: below a few engine steps (a decode
+        step is 10–30 ms, a batch's prefill more) a late first token is batching noise,
+        not a slow engine, and a hedge would only double the prefill.
+    hedge_window : int
+        First-token times kept per hedged class for its delay (the most recent): 512
+        leaves about 25 above the p95, enough for a stable quantile, and at tens of
+        requests per second covers the last tens of seconds, so the delay follows load.
+    hedge_min_samples : int
+        Below this many first-token times the delay is the class's ``ttft_slo_s``
+        (the tail the operator named), bounded below by the floor.
     """
 
     ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
@@ -556,6 +583,10 @@ class RetryConfig(_Section):
     retry_on_status: tuple[HttpStatus, ...] = (429, 500, 502, 503, 504)
     max_migrations: Annotated[int, msgspec.Meta(ge=0, le=MAX_MIGRATIONS_BOUND)] = 1
     max_migration_text_bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 1 << 20
+    hedge_quantile: Annotated[float, msgspec.Meta(gt=0.5, lt=1.0)] = 0.95
+    hedge_floor_s: Annotated[float, msgspec.Meta(ge=0.001, le=600.0)] = 0.05
+    hedge_window: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 512
+    hedge_min_samples: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 20
 
 
 class EjectionConfig(_Section):

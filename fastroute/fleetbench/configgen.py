@@ -65,6 +65,7 @@ def render_config(
     policy: str = DEFAULT_POLICY_NAME,
     policy_params: Mapping[str, bool | int | float | str] | None = None,
     hardware: str | None = None,
+    hedge: bool = False,
     period_s: float = 5.0,
     slo_s: Mapping[str, tuple[float, float]] | None = None,
     report_interval_s: float = 1.0,
@@ -92,6 +93,8 @@ def render_config(
     hardware : str, optional
         The ``hardware`` label of every engine (default: each engine's own,
         :attr:`PlannedEngine.hardware_label`).
+    hedge : bool
+        ``hedge = true`` on the classes (hedged first tokens).
     period_s : float
         The controller's period.
     slo_s : mapping of str to (float, float), optional
@@ -143,6 +146,7 @@ def render_config(
             'priority = "default"',
             f"ttft_slo_s = {float(ttft)!r}",
             f"tbot_slo_s = {float(tbot)!r}",
+            *(["hedge = true"] if hedge else []),
             "",
         ]
     lines += ["[policy]", f"default = {_q(policy)}", ""]

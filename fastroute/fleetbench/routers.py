@@ -72,6 +72,8 @@ class RouterPlan:
         fastroute's ``[policy.params.<policy>]`` (a variant's tunables).
     hardware : str or None
         A variant's ``hardware`` label for every engine of the config.
+    hedge : bool
+        A variant's ``hedge``: its classes hedge first tokens.
     """
 
     name: str
@@ -81,6 +83,7 @@ class RouterPlan:
     unavailable: str | None = None
     params: Mapping[str, bool | int | float | str] | None = None
     hardware: str | None = None
+    hedge: bool = False
 
 
 def _find_executable(name: str) -> str | None:
@@ -116,7 +119,7 @@ def resolve_router(
         variant = variants[name]
         return RouterPlan(
             name, "fastroute", variant.policy, params=dict(variant.params),
-            hardware=variant.hardware or None,
+            hardware=variant.hardware or None, hedge=variant.hedge,
         )  # fmt: skip
     if name in custom:
         return RouterPlan(name, "command", None, custom[name], _check(custom[name]))

@@ -60,6 +60,11 @@ class RouterResult(msgspec.Struct, kw_only=True):
     summary: RunSummary | None = None
     engine_share: dict[str, float] = {}
     engine_requests: dict[str, float] = {}
+    #: Each engine's ``vllm:prompt_tokens_total`` delta (prefill work, e.g. a hedge's cost).
+    engine_prompt_tokens: dict[str, float] = {}
+    #: Each engine's ``vllm:prefix_cache_queries_total`` delta: prompt tokens of every
+    #: request scheduled, including those aborted before their first token.
+    engine_scheduled_prompt_tokens: dict[str, float] = {}
     engine_cache_hit_rate: dict[str, float | None] = {}
     cache_hit_rate: float | None = None
     router_cpu_s: float | None = None
@@ -227,7 +232,7 @@ async def _start_router(
         stack = FastrouteStack(
             procs, spec.fleet, engines, sources, run_dir, prefix,
             policy=plan.policy or DEFAULT_POLICY_NAME, policy_params=plan.params,
-            hardware=plan.hardware,
+            hardware=plan.hardware, hedge=plan.hedge,
             period_s=spec.controller_period_s, controller_enabled=spec.controller, slo_s=slo,
         )  # fmt: skip
         urls = await stack.start()
@@ -421,6 +426,8 @@ def _engine_figures(
     deltas = {name: c.minus(before.get(name)) for name, c in after.items() if c is not None}
     total = sum(d.requests for d in deltas.values())
     result.engine_requests = {n: d.requests for n, d in deltas.items()}
+    result.engine_prompt_tokens = {n: d.prompt_tokens for n, d in deltas.items()}
+    result.engine_scheduled_prompt_tokens = {n: d.prefix_queries_tokens for n, d in deltas.items()}
     result.engine_share = {n: (d.requests / total if total else 0.0) for n, d in deltas.items()}
     result.engine_cache_hit_rate = {n: d.hit_rate for n, d in deltas.items()}
     queries = sum(d.prefix_queries_tokens for d in deltas.values())

@@ -33,7 +33,8 @@ Example (``examples/bench/`` has complete ones)::
 
 Routers are named ``fastroute`` or ``fastroute:<policy>``, ``sglang:<policy>``,
 ``vllm-router:<policy>``, a key of ``[fastroute_variants]`` (fastroute with a policy and
-its ``[policy.params.<policy>]``), or a key of ``[router_commands]`` (a command template,
+its ``[policy.params.<policy>]``, ``hedge = true`` for hedged first tokens), or a key of
+``[router_commands]`` (a command template,
 see :mod:`fastroute.fleetbench.routers`)::
 
     routers = ["fastroute:round-robin", "mc-cal"]
@@ -137,11 +138,15 @@ class FastrouteVariant(msgspec.Struct, **_OPTS):
         engines still run their profiles): e.g. ``"a40-48g"``, a label naming no built-in
         profile, so marginal cost starts from the default type's constants — the
         "unprofiled" start of experiment (h), side by side with the profiled one.
+    hedge : bool
+        ``hedge = true`` on the config's classes: hedged first tokens
+        (docs/failure-handling.md), side by side with the same policy unhedged.
     """
 
     policy: PolicyName
     params: dict[str, bool | int | float | str] = {}
     hardware: Annotated[str, msgspec.Meta(max_length=64, pattern=r"^([A-Za-z0-9._-]+)?$")] = ""
+    hedge: bool = False
 
 
 class BenchSpec(msgspec.Struct, **_OPTS):

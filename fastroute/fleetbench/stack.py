@@ -89,6 +89,8 @@ class FastrouteStack:
         Its ``[policy.params.<policy>]``.
     hardware : str, optional
         The ``hardware`` label of every engine in the configs (default: their own).
+    hedge : bool
+        The config's classes hedge first tokens (``[[classes]] hedge``).
     period_s : float
         Controller period.
     controller_enabled : bool
@@ -110,6 +112,7 @@ class FastrouteStack:
     policy: str = DEFAULT_POLICY_NAME
     policy_params: Mapping[str, bool | int | float | str] | None = None
     hardware: str | None = None
+    hedge: bool = False
     period_s: float = 5.0
     controller_enabled: bool = True
     slo_s: Mapping[str, tuple[float, float]] | None = None
@@ -156,6 +159,7 @@ class FastrouteStack:
                 policy=self.policy,
                 policy_params=self.policy_params,
                 hardware=self.hardware,
+                hedge=self.hedge,
                 period_s=self.period_s,
                 slo_s=self.slo_s,
             )

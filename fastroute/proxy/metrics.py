@@ -14,6 +14,12 @@ name                                       type       labels / meaning
                                                       ``migrated`` (finished on another engine),
                                                       ``failed`` (its continuations failed),
                                                       ``not_migrated`` (no continuation tried)
+``fastroute_proxy_hedges_total``           counter    outcome: hedged first tokens — ``won``
+                                                      (the runner-up's token came first),
+                                                      ``lost`` (the first engine's did),
+                                                      ``cancelled`` (neither: both failed or
+                                                      the client left), ``refused`` (budget,
+                                                      shedding or no runner-up)
 ``fastroute_proxy_upstream_failures_total`` counter   engine, kind (connect_error, ...)
 ``fastroute_proxy_ejections_total``        counter    engine: local outlier ejections
 ``fastroute_proxy_shed_total``             counter    class, reason (shed, admission)
@@ -118,6 +124,12 @@ class ProxyMetrics:
         self.broken_streams = Counter(
             "fastroute_proxy_broken_streams",
             "Streams whose engine failed once the client's stream had begun, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.hedges = Counter(
+            "fastroute_proxy_hedges",
+            "Hedged first tokens by outcome (won, lost, cancelled, refused).",
             ["outcome"],
             registry=r,
         )

@@ -55,6 +55,7 @@ from fastroute.predict.step_time import NominalStepTimes
 from fastroute.sim.capacity import idle_latencies, request_shapes, saturation_capacity_rps
 from fastroute.sim.control import ControlInput, ControlOutput, EngineWindow, Optimiser
 from fastroute.sim.fleet import DataPlane, SimEngine, engine_load
+from fastroute.sim.hedging import HedgeDelays
 from fastroute.sim.records import RequestRecord
 from fastroute.sim.scenario import Scenario, ScenarioError
 from fastroute.workload import Burst, Session, SessionPrompts, generate_sessions, load_trace
@@ -63,7 +64,7 @@ from fastroute.workload.session import reply_text
 __all__ = ["Simulator", "SimResult", "ControlSample", "prepare_sessions"]
 
 # Event kinds, in tie-break order.
-K_CONTROL, K_PULL, K_FAULT, K_TURN, K_ARRIVE, K_TRANSFER, K_RESPONSE, K_STEP = range(8)
+K_CONTROL, K_PULL, K_FAULT, K_TURN, K_ARRIVE, K_TRANSFER, K_RESPONSE, K_STEP, K_HEDGE = range(9)
 # EngineState columns, as plain ints for the event loop.
 _Q_TOK = int(StateColumn.QUEUED_PREFILL_TOKENS)
 _Q_REQ = int(StateColumn.QUEUED_REQUESTS)
@@ -169,6 +170,7 @@ class _Req:
         "done",
         "sent_tokens",
         "first_token_at",
+        "legs",
     )
 
 
@@ -193,6 +195,7 @@ class _Attempt:
         "prefill_end_s",
         "prefill_cached",
         "decode_route",
+        "cancelled",
     )
 
 
@@ -316,6 +319,8 @@ class Simulator:
             optimiser = make_optimiser(sc.control.optimiser, sc.control.params)
         self.optimiser = optimiser
         self._build_dataplanes()
+        dpc = sc.dataplane
+        self.hedges = HedgeDelays(dpc, sc.slo.ttft_s) if dpc.hedge else None
 
     # -- construction ------------------------------------------------------------------------
     def _build_engines(self) -> None:
@@ -671,6 +676,8 @@ class Simulator:
                     self._on_control(t)
                 elif kind == K_FAULT:
                     self._on_fault(t, a, b)
+                elif kind == K_HEDGE:
+                    self._on_hedge(t, a, b)
             if self.progress is not None and not heap_events & 1023:
                 w = time.perf_counter()
                 if w >= next_progress:
@@ -786,6 +793,8 @@ class Simulator:
                 self._push(end + back, K_RESPONSE, att, Outcome.HTTP_5XX)
             elif att.phase == "mixed" or att.phase == "decode":
                 att.first_token_s = end
+                if att.req.legs is not None:  # a race: decided when the token lands
+                    self._push(end, K_HEDGE, att, True)
                 mix = att.req.sess.dp.interleave
                 if mix is not None:  # as the proxy's AttemptLoad.first_token
                     if att.phase == "mixed":
@@ -842,6 +851,8 @@ class Simulator:
         return None
 
     def _on_arrive(self, t: float, att: _Attempt) -> None:
+        if att.cancelled:
+            return  # a hedged race's loser, cancelled on its way
         e = self.engines[att.engine]
         dp = att.req.sess.dp
         back = self.dp_engine_lat[self.region_index[dp.region]][e.index]
@@ -1024,6 +1035,7 @@ class Simulator:
         req.done = False
         req.sent_tokens = 0  # output tokens earlier (migrated) segments delivered
         req.first_token_at = None  # the client's first token, from the first segment
+        req.legs = None  # the live attempts of a hedged race
         req.record = RequestRecord(
             request_id=req.rid,
             session_id=s.session_id,
@@ -1190,6 +1202,11 @@ class Simulator:
         att.prefill_end_s = -1.0
         att.prefill_cached = 0
         att.decode_route = droute
+        att.cancelled = False
+        if req.legs is not None:
+            req.legs.append(att)
+        if att.n == 0 and self.hedges is not None and decode < 0:
+            self._push(t + self.hedges.delay_s(id(dp), req.row), K_HEDGE, att)
         if dp.needs_state:
             row = dp.state.values[engine]
             att.load0 = (int(row[_B]), int(row[_S]), int(row[_Q_TOK]))
@@ -1205,6 +1222,8 @@ class Simulator:
         self._push(t + self.dp_engine_lat[self.region_index[dp.region]][engine], K_ARRIVE, att)
 
     def _on_response(self, t: float, att: _Attempt, outcome: Outcome) -> None:
+        if att.cancelled:
+            return  # a hedged race's loser: released when it was cancelled
         req = att.req
         dp = req.sess.dp
         e = self.engines[att.engine]
@@ -1220,6 +1239,8 @@ class Simulator:
             w.errors[i] += 1
         if req.done:
             return  # finished meanwhile (e.g. counted unfinished); nothing more to do
+        if not ok and req.legs is not None and self._hedge_leg_failed(att):
+            return  # the race's other attempt is still on
         if ok:
             j = att.decode_engine if att.decode_engine >= 0 else i
             # Client-side first token: the engine's emission plus the way back.
@@ -1239,6 +1260,8 @@ class Simulator:
                 w.tbot_sum_s[j] += (t - req.arrival_s - ttft) / (out - 1)
             rec = req.record
             rec.first_token_s = req.arrival_s + ttft
+            if self.hedges is not None:
+                self.hedges.observe(id(dp), req.row, ttft)
             rec.output_tokens = out
             if dp.calibration is not None:
                 self._calibrate_from(att, t, first + back_j)
@@ -1268,6 +1291,71 @@ class Simulator:
             self._dispatch(t, req)
             return
         self._finish(req, t, "failed", _FAILURE_REASON.get(outcome, "error"), engine=e.name)
+
+    def _on_hedge(self, t: float, att: _Attempt, token: bool | None) -> None:
+        """``token``: an attempt of a hedged race emitted its first token at ``t`` (the
+        first to land wins). Else the hedge delay of the request's first attempt passed:
+        unless its first token came (or it failed, or was retried), send the request to
+        the runner-up too, as the proxy does (:mod:`fastroute.sim.hedging`).
+
+        Engines compute a step's tokens when the step starts, so a first token may be
+        known before it lands: races are decided at the landing time (this event)."""
+        req = att.req
+        if token:
+            if req.legs is not None and not att.cancelled:
+                self._hedge_won(att, t)
+            return
+        dp = req.sess.dp
+        landing = att.first_token_s
+        if req.done or req.attempts != 1 or att.failed or (landing is not None and landing <= t):
+            return
+        ranked = req.decision.ranked if req.decision is not None else ()
+        if not any(i not in req.tried for i in ranked):
+            return  # no runner-up
+        if dp.config.shedding and float(dp.shed_fraction[req.row]) > 0.0:
+            return
+        if dp.config.retry == "none" or not dp.budget.try_withdraw(t):
+            return
+        req.legs = [att]
+        req.record.hedged = True
+        self._dispatch(t, req)  # the first untried engine of the ranking: the runner-up
+        if req.legs is not None and len(req.legs) < 2:
+            req.legs = None
+        elif landing is not None:  # its token is computed and lands later: the race is on
+            self._push(landing, K_HEDGE, att, True)
+
+    def _hedge_won(self, att: _Attempt, t: float) -> None:
+        """``att`` emitted the race's first token at ``t``: cancel the other attempt on
+        its engine (what it prefilled until now is the hedge's cost)."""
+        req = att.req
+        legs, req.legs = req.legs, None
+        assert legs is not None
+        rec = req.record
+        rec.hedge_won = att.n != 0
+        for other in legs:
+            if other is att:
+                continue
+            other.cancelled = other.failed = True
+            mreq = other.mreq
+            e = self.engines[other.engine]
+            if mreq is not None and mreq.request_id in e.live:
+                self._touch(e, t)
+                done = min(mreq.num_computed, mreq.num_prompt_tokens) - mreq.num_cached_tokens
+                rec.hedge_prefill_tokens += max(0, done)
+                e.model.cancel(mreq.request_id)
+                e.live.pop(mreq.request_id, None)
+                self._kick(e, t)
+            self._release_prefill(other, False)
+
+    def _hedge_leg_failed(self, att: _Attempt) -> bool:
+        """An attempt of a hedged race failed before its first token: True when the
+        race's other attempt goes on (no retry for this one)."""
+        req = att.req
+        legs = req.legs
+        assert legs is not None
+        others = [o for o in legs if o is not att and not o.cancelled]
+        req.legs = None if len(others) < 2 else others
+        return bool(others)
 
     def _migrate(self, t: float, att: _Attempt, outcome: Outcome) -> bool:
         """Continue a stream that broke after its first token on the next engine, as the

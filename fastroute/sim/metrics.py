@@ -105,6 +105,7 @@ def _group_summary(records: list[RequestRecord], slo: Slo, duration_s: float) ->
     known = [r for r in ok if r.cached_tokens >= 0]
     prompt_known = sum(r.prompt_tokens for r in known)
     loss, pairs = affinity_loss(records)
+    prompt_all = sum(r.prompt_tokens for r in records)
     return {
         "requests": n,
         "ok": len(ok),
@@ -130,6 +131,11 @@ def _group_summary(records: list[RequestRecord], slo: Slo, duration_s: float) ->
         "affinity_loss": loss,
         "affinity_pairs": pairs,
         "preemptions": sum(r.preemptions for r in records if r.preemptions > 0),
+        "hedges": sum(r.hedged for r in records),
+        "hedges_won": sum(r.hedge_won for r in records),
+        "hedge_extra_prefill": (
+            sum(r.hedge_prefill_tokens for r in records) / prompt_all if prompt_all else None
+        ),
     }
 
 

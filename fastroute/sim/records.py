@@ -69,6 +69,13 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         another engine (``dataplane.max_migrations``).
     migrated_tokens : int
         Output tokens the continuations prefilled again (their cost), summed.
+    hedged : bool
+        A hedge was sent (``dataplane.hedge``; the fleet benchmark leaves it False).
+    hedge_won : bool
+        The hedge's attempt produced the first token.
+    hedge_prefill_tokens : int
+        Prompt tokens the cancelled attempt of a hedged request had prefilled (the
+        hedge's cost).
     """
 
     request_id: str
@@ -91,6 +98,9 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     preemptions: int = -1
     migrations: int = 0
     migrated_tokens: int = 0
+    hedged: bool = False
+    hedge_won: bool = False
+    hedge_prefill_tokens: int = 0
 
     @property
     def ttft_s(self) -> float | None:

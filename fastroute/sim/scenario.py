@@ -221,6 +221,15 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     proxies : int
         Proxies (data planes) per region; each request goes to one of its region's
         uniformly at random (an L4 load balancer). Each proxy has its own in-flight counts.
+    hedge : bool
+        Hedged first tokens for every class (the proxy's ``[[classes]] hedge``;
+        :mod:`fastroute.sim.hedging`): after the delay without a first token the
+        request also goes to the runner-up; the first token wins, the other attempt is
+        cancelled on its engine. One retry from the budget each; none while shedding.
+    hedge_quantile, hedge_floor_s, hedge_window, hedge_min_samples
+        The delay, as the proxy's ``retry.hedge_*``: the quantile of recent client
+        first-token times per class, its floor (s), the window and the samples below
+        which the delay is the SLO's ``ttft_s``.
     load_view : {"local", "global-stale"}
         What load-aware policies see as in-flight counts: this data plane's own
         (``local``, as the proxy does), or the fleet-wide counts the control plane
@@ -248,6 +257,11 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     workers: int = 1
     proxies: int = 1
     load_view: Literal["local", "global-stale"] = "local"
+    hedge: bool = False
+    hedge_quantile: float = 0.95
+    hedge_floor_s: float = 0.05
+    hedge_window: int = 512
+    hedge_min_samples: int = 20
 
 
 class ControlConfig(msgspec.Struct, **_OPTS):
@@ -458,6 +472,10 @@ def _check(s: Scenario, where: str) -> None:
         bad("dataplane needs k >= 1 and max_attempts >= 1")
     if d.max_migrations < 0:
         bad("dataplane needs max_migrations >= 0")
+    if not 0.5 < d.hedge_quantile < 1.0:
+        bad(f"dataplane.hedge_quantile must be in (0.5, 1), got {d.hedge_quantile}")
+    if not d.hedge_floor_s > 0 or d.hedge_window < 16 or d.hedge_min_samples < 1:
+        bad("dataplane needs hedge_floor_s > 0, hedge_window >= 16, hedge_min_samples >= 1")
     if d.workers < 1 or d.proxies < 1:
         bad(f"dataplane needs workers >= 1 and proxies >= 1, got {d.workers} and {d.proxies}")
     groups = set(names)

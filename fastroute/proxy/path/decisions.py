@@ -96,6 +96,11 @@ class DecisionRecord:
         empty for a stream that was not.
     not_migrated : str or None
         A stream that broke after bytes reached the client and was not continued: why.
+    hedge : dict or None
+        A stream of a ``hedge = true`` class (docs/failure-handling.md): the hedge
+        ``delay_s``, whether the hedge was ``sent``, its ``runner_up``, the ``winner``
+        engine and the ``outcome`` (``won``, ``lost``, ``cancelled``), or why it was
+        ``refused``; None for other requests.
 
     ``candidates`` and ``filters`` may be deferred (:meth:`defer`): rendering names,
     weights and filter explanations for every request cost more than the rest of the
@@ -125,6 +130,7 @@ class DecisionRecord:
     bootstrap_room: int | None = None
     segments: list[dict[str, Any]] = field(default_factory=list)
     not_migrated: str | None = None
+    hedge: dict[str, Any] | None = None
     # Renders (candidates, filters) from what the decision captured; None once rendered.
     _render: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = field(
         default=None, repr=False

@@ -25,6 +25,7 @@ from fastroute.proxy.http.reply import Reply
 from fastroute.proxy.http.upstream import UpstreamError
 from fastroute.proxy.path.decisions import Attempt
 from fastroute.proxy.path.headers import HeaderRelay, decision_headers
+from fastroute.proxy.path.hedge import Hedger
 from fastroute.proxy.path.migration import Migrate, Migrator, migration_for
 from fastroute.proxy.path.outcomes import Retryable, record_outcome
 from fastroute.proxy.path.relay import Relay
@@ -54,6 +55,7 @@ class Forwarder:
         self.headers = headers
         self.relay = Relay(ctx, headers)
         self.migrator = Migrator(ctx, self.attempt)
+        self.hedger = Hedger(ctx, self.attempt, self.migrator)
         self._budget_state: FleetState | None = None  # the state the budget's ratio is from
 
     def deposit(self, state: FleetState) -> None:
@@ -72,7 +74,16 @@ class Forwarder:
         record = state.record
         last: UpstreamError | Reply | None = None
         state.migration = migration_for(ctx, state)
+        first = 0
+        if self.hedger.applies(state):
+            try:
+                return await self.hedger.race(state, decision.ranked)
+            except Retryable as exc:  # every leg failed before a token: retry past them
+                last = exc.failure
+                first = 2 if record.hedge is not None and record.hedge["sent"] else 1
         for rank, index in enumerate(decision.ranked):
+            if rank < first:
+                continue
             if rank > 0:
                 if not ctx.budget.may_retry(rank - 1, time.monotonic()):
                     if rank <= ctx.budget.max_retries:

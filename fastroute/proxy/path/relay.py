@@ -307,6 +307,9 @@ class Relay:
         metrics and fleet; the tracked attempt is running from here."""
         fleet = state.fleet
         assert fleet is not None and state.cls is not None
+        hedge = state.hedge
+        if hedge is not None and not hedge.first_token(now):
+            return  # a hedged race's loser (being cancelled): its token is not the client's
         if tracked is not None:
             tracked.first_token(now)
         ttft_s = now - state.t0

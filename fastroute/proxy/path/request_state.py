@@ -90,6 +90,9 @@ class RequestState:
         (:mod:`~fastroute.proxy.path.api_endpoints`); None for the other kinds.
     migration : Migration or None
         The stream's mid-stream migration state (None: it is never migrated).
+    hedge : object or None
+        The leg of a hedged race this state copy is (:mod:`~fastroute.proxy.path.hedge`):
+        told of the stream's first token; None outside a race.
     """
 
     request: Any
@@ -120,3 +123,4 @@ class RequestState:
     meter_type: Callable[[bool], StreamMeter] = StreamMeter
     api: Any = None
     migration: Migration | None = None
+    hedge: Any = None

@@ -103,3 +103,17 @@ def test_a_variants_hardware_label_applies_to_every_engine_of_its_config() -> No
     config = decode_config(text, source="test")
     assert {e.hardware for e in config.engines} == {"a40-48g"}
     assert "a40-48g" in config.hardware_classes and "a40" in config.hardware_classes
+
+
+def test_a_hedge_variant_hedges_its_classes() -> None:
+    variants = {"hedged": FastrouteVariant(policy="prefix-hrw", hedge=True)}
+    plan = resolve_router("hedged", {}, variants)
+    assert plan.hedge and not resolve_router("mc-cal", {}, VARIANTS).hedge
+    for hedge in (True, False):
+        text = render_config(
+            FLEET, plan_engines(FLEET), ProxySettings("local", 8080, "fastroute-test-stats"),
+            table_name="fastroute-test-w", controller_port=8090, hedge=hedge,
+            slo_s={"qwen2.5-3b": (0.175, 0.0397)},
+        )  # fmt: skip
+        (cls,) = decode_config(text, source="test").classes
+        assert cls.hedge is hedge
