@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fastroute.proxy.path.fleet import Fleet
     from fastroute.proxy.path.migration import Migration
     from fastroute.proxy.path.strategy import RoutingStrategy
+    from fastroute.proxy.tracing import RequestTrace
 
 __all__ = ["RequestState"]
 
@@ -90,6 +91,8 @@ class RequestState:
         (:mod:`~fastroute.proxy.path.api_endpoints`); None for the other kinds.
     migration : Migration or None
         The stream's mid-stream migration state (None: it is never migrated).
+    trace : RequestTrace or None
+        The request's spans (:mod:`fastroute.proxy.tracing`); None when tracing is off.
     """
 
     request: Any
@@ -120,3 +123,4 @@ class RequestState:
     meter_type: Callable[[bool], StreamMeter] = StreamMeter
     api: Any = None
     migration: Migration | None = None
+    trace: RequestTrace | None = None
