@@ -35,8 +35,8 @@ times, the order reversed every other round (alternated pairs), and prints the
 per-target medians after the last round's table.
 
 The target ``fastroute-traced`` is ``fastroute`` with ``[tracing]`` on (every request
-sampled, spans exported over OTLP/HTTP to the stub's ``/v1/traces`` sink): the cost of
-tracing, as a ratio to ``fastroute`` in the same run.
+sampled, or ``--trace-sample-ratio``; spans exported over OTLP/HTTP to the stub's
+``/v1/traces`` sink): the cost of tracing, as a ratio to ``fastroute`` in the same run.
 
 Run: ``.venv/bin/python bench/bench_proxy.py`` (full, about 2 min) or ``--quick``
 (smoke, < 20 s). ``--json PATH`` also writes the numbers; ``--targets`` picks some;
@@ -81,6 +81,8 @@ MODEL = "stub-model"
 TARGETS = ("direct", "fastroute", "fastroute-traced", "fastroute-ref", "nginx", "sglang-router")
 #: ``--ref-tree``: the source tree ``fastroute-ref`` runs (None: that target is skipped).
 REF_TREE: Path | None = None
+#: ``--trace-sample-ratio``: ``tracing.sample_ratio`` of the ``fastroute-traced`` target.
+TRACE_SAMPLE_RATIO = 1.0
 #: ``--policy``: the default policy of the fastroute targets (None: the configuration's).
 POLICY: str | None = None
 READY_TIMEOUT_S = 30.0
@@ -170,13 +172,14 @@ def start_stub(
 
 
 def traced_cmd(tmp: Path, stub_url: str, port: int) -> list[str]:
-    """``fastroute`` with ``[tracing]`` on, every request sampled, spans exported over
-    OTLP/HTTP to the stub's ``/v1/traces`` sink (the export's CPU is the router's)."""
+    """``fastroute`` with ``[tracing]`` on (``--trace-sample-ratio``, default every request
+    sampled), spans exported over OTLP/HTTP to the stub's ``/v1/traces`` sink (the export's
+    CPU is the router's)."""
     return fastroute_cmd(
         tmp,
         stub_url,
         port,
-        "\n[tracing]\nenabled = true\nsample_ratio = 1.0\n"
+        f"\n[tracing]\nenabled = true\nsample_ratio = {TRACE_SAMPLE_RATIO}\n"
         f'otlp_endpoint = "{stub_url}/v1/traces"\n',
     )
 
@@ -598,6 +601,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref-tree", metavar="DIR", help="source tree of target fastroute-ref")
     parser.add_argument("--rounds", type=int, default=1, help="repeat, alternating the order")
     parser.add_argument(
+        "--trace-sample-ratio", type=float, default=1.0,
+        help="tracing.sample_ratio of the fastroute-traced target (default 1.0)",
+    )  # fmt: skip
+    parser.add_argument(
         "--policy",
         help="default policy of the fastroute targets (e.g. weighted-hrw; default: the "
         "configuration's, prefix-hrw)",
@@ -605,7 +612,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
-    global REF_TREE, POLICY
+    global REF_TREE, POLICY, TRACE_SAMPLE_RATIO
+    if not 0.0 <= args.trace_sample_ratio <= 1.0:
+        parser.error("--trace-sample-ratio must be in [0, 1]")
+    TRACE_SAMPLE_RATIO = args.trace_sample_ratio
     REF_TREE = Path(args.ref_tree).resolve() if args.ref_tree else None
     POLICY = args.policy
     quick = args.quick

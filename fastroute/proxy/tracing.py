@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from fastroute.proxy.path.decisions import Attempt
     from fastroute.proxy.path.request_state import RequestState
 
-__all__ = ["NO_TRACING", "NoTracing", "RequestTrace", "Tracing", "build_tracing"]
+__all__ = ["NO_TRACING", "NoTracing", "RequestTrace", "Tracing", "UnsampledTrace", "build_tracing"]
 
 _TRACE_HEADERS = (b"traceparent:", b"tracestate:")
 
@@ -145,6 +145,8 @@ class Tracing:
                 "fastroute.endpoint": state.kind,
             },
         )
+        if not span.is_recording():  # not sampled: only the flag travels on to the engine
+            return UnsampledTrace(self, span)
         return RequestTrace(self, span)
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
@@ -323,3 +325,34 @@ class RequestTrace:
         elif status >= 500:
             self._error(span, f"HTTP {status}")
         span.end()
+
+
+class UnsampledTrace(RequestTrace):
+    """The trace of a request the sampler left out: no child span is made (each would be
+    a non-recording one, about as costly to make as a real one); the engine still gets
+    the request's context, whose flag tells it not to sample either."""
+
+    __slots__ = ()
+
+    def step(self, name: str, start_ns: int, error: str | None = None) -> None:
+        """Not sampled: nothing."""
+
+    def picked(self, start_ns: int, state: RequestState, decision: Decision, mask: Any) -> None:
+        """Not sampled: nothing."""
+
+    def attempt_started(self, attempt: Attempt) -> Span:
+        """The request's own (non-recording) span: its context goes to the engine."""
+        return self.span
+
+    def attempt_finished(self, span: Span, attempt: Attempt) -> None:
+        """Not sampled: nothing."""
+
+    def segment_started(self, count: int, engine: str, tokens_sent: int) -> Span:
+        """The request's own (non-recording) span."""
+        return self.span
+
+    def segment_finished(self, span: Span, outcome: str) -> None:
+        """Not sampled: nothing."""
+
+    def finish(self, state: RequestState, status: int) -> None:
+        """Not sampled: nothing (ending a non-recording span records nothing)."""

@@ -13,13 +13,10 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from aiohttp import web
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -31,7 +28,8 @@ from fastroute.emulator.tracing import ENGINE_SPAN_NAME
 from fastroute.hashing import key_hash
 from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.proxy.tracing import NO_TRACING
-from fastroute.testing.servers import serve_app, serve_proxy_app
+from fastroute.testing.otlp import serve_otlp_receiver
+from fastroute.testing.servers import serve_proxy_app
 
 pytestmark = pytest.mark.integration
 
@@ -248,30 +246,12 @@ def test_migrated_stream_has_a_migration_span_over_its_continuation() -> None:
     run(main())
 
 
-@contextlib.asynccontextmanager
-async def otlp_receiver() -> AsyncIterator[tuple[str, list[Any]]]:
-    """A tiny OTLP/HTTP traces receiver: (its ``/v1/traces`` URL, the requests decoded)."""
-    received: list[Any] = []
-
-    async def traces(request: web.Request) -> web.Response:
-        assert request.content_type == "application/x-protobuf"
-        message = ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
-        received.append(message)
-        return web.Response(status=200, content_type="application/x-protobuf", body=b"")
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", traces)
-    async with serve_app(app) as url:
-        yield url + "/v1/traces", received
-
-
 def test_spans_reach_an_otlp_http_endpoint() -> None:
     """``otlp_endpoint``: the proxy's spans go over OTLP/HTTP protobuf, with the
     configured ``service.name``."""
 
     async def main() -> None:
-        async with otlp_receiver() as (endpoint, received):
+        async with serve_otlp_receiver() as (endpoint, receiver):
             async with contextlib.AsyncExitStack() as stack:
                 fleet = await stack.enter_async_context(
                     EmulatedFleet(fleet_specs(1, model_name=MODEL, output_lengths=SHORT_OUTPUTS))
@@ -286,23 +266,14 @@ def test_spans_reach_an_otlp_http_endpoint() -> None:
                 await asyncio.to_thread(stream_chat, url)
                 # The export runs on the processor's thread; the receiver on this loop.
                 assert await asyncio.to_thread(app.context.tracer.force_flush)
-        spans = [
-            (resource.resource, span)
-            for message in received
-            for resource in message.resource_spans
-            for scope in resource.scope_spans
-            for span in scope.spans
-        ]
-        names = {span.name for _, span in spans}
+        spans = receiver.spans
+        names = {span.name for span in spans}
         assert {"fastroute.request", "fastroute.attempt", *PROXY_STEPS} <= names
-        services = {
-            attr.value.string_value
-            for resource, _ in spans
-            for attr in resource.attributes
-            if attr.key == "service.name"
-        }
-        assert services == {"router-test"}
-        assert len({span.trace_id for _, span in spans}) == 1
+        assert {span.service for span in spans} == {"router-test"}
+        assert len({span.trace_id for span in spans}) == 1
+        (request,) = [s for s in spans if s.name == "fastroute.request"]
+        assert request.attributes["gen_ai.usage.output_tokens"] == MAX_TOKENS
+        assert "fastroute.request" in request.line()
 
     run(main())
 
