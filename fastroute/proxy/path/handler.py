@@ -272,7 +272,7 @@ class InferenceHandler:
         if api is not None:  # Responses, Messages: their dialect and hooks
             state.api = api.begin(state)
         tracer = ctx.tracer
-        if tracer.enabled:  # the one check tracing costs when it is off
+        if tracer.enabled:  # off: no span, no context; the steps only test `state.trace`
             state.trace = tracer.begin(state)
         metrics = ctx.metrics
         metrics.in_flight_count += 1
