@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from fastroute.policy import Decision
     from fastroute.proxy.path.decisions import Attempt
+    from fastroute.proxy.path.fleet import Fleet
     from fastroute.proxy.path.request_state import RequestState
 
 __all__ = ["NO_TRACING", "NoTracing", "RequestTrace", "Tracing", "UnsampledTrace", "build_tracing"]
@@ -210,10 +211,11 @@ class RequestTrace:
             self._error(span, error)
         span.end()
 
-    def picked(self, start_ns: int, state: RequestState, decision: Decision, mask: Any) -> None:
-        """The pick that began at ``start_ns``: candidates, chosen engine, reason."""
-        fleet = state.fleet
-        assert fleet is not None
+    def picked(
+        self, start_ns: int, fleet: Fleet, decision: Decision, mask: Any, stage: str | None
+    ) -> None:
+        """The pick over ``fleet`` (engines ``mask`` eligible) that began at ``start_ns``:
+        candidates, chosen engine, reason; ``stage``: the P/D stage it is for."""
         span = self._child("fastroute.pick", start_ns)
         chosen = fleet.engines[decision.ranked[0]].name if decision.ranked else "none"
         span.set_attributes(
@@ -225,8 +227,8 @@ class RequestTrace:
                 "fastroute.pick.reason": decision.reason,
             }
         )
-        if state.stage is not None:
-            span.set_attribute("fastroute.stage", state.stage)
+        if stage is not None:
+            span.set_attribute("fastroute.stage", stage)
         span.end()
 
     def attempt_started(self, attempt: Attempt) -> Span:
@@ -337,7 +339,9 @@ class UnsampledTrace(RequestTrace):
     def step(self, name: str, start_ns: int, error: str | None = None) -> None:
         """Not sampled: nothing."""
 
-    def picked(self, start_ns: int, state: RequestState, decision: Decision, mask: Any) -> None:
+    def picked(
+        self, start_ns: int, fleet: Fleet, decision: Decision, mask: Any, stage: str | None
+    ) -> None:
         """Not sampled: nothing."""
 
     def attempt_started(self, attempt: Attempt) -> Span:

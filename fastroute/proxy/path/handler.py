@@ -437,7 +437,7 @@ class InferenceHandler:
         record.defer(choice_renderer(fleet, state.row, mask, fleet_state, decision))
         record.timings["decided"] = loop.time() - state.t0
         if state.trace is not None:
-            state.trace.picked(started_ns, state, decision, mask)
+            state.trace.picked(started_ns, fleet, decision, mask, state.stage)
         refused = strategy.record(state, decision)
         if refused is not None:
             return refused

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from proxy_harness import MODEL, SHORT_OUTPUTS, config_toml, run
 
 from fastroute.config import decode_config
-from fastroute.emulator.server import EmulatedFleet, fleet_specs
+from fastroute.emulator.server import EmulatedFleet, EngineSpec, fleet_specs
 from fastroute.emulator.tracing import ENGINE_SPAN_NAME
 from fastroute.hashing import key_hash
 from fastroute.proxy.proxy_app import ProxyApp
@@ -59,23 +59,35 @@ class Traced:
 
 
 @contextlib.asynccontextmanager
-async def traced_stack(tracing: str, n_engines: int = 2) -> AsyncIterator[Traced]:
+async def traced_stack(
+    tracing: str, n_engines: int = 2, roles: tuple[str, ...] | None = None
+) -> AsyncIterator[Traced]:
     """Engines that trace into one in-memory exporter, a proxy with ``tracing`` (the body
-    of its ``[tracing]`` table) into another."""
+    of its ``[tracing]`` table) into another; ``roles``: a P/D fleet, one engine per role."""
     engine_spans = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(engine_spans))
-    specs = fleet_specs(
-        n_engines,
-        model_name=MODEL,
-        profile="h100",
-        output_lengths=SHORT_OUTPUTS,
-        tracer_provider=provider,
-    )
+    names = None
+    if roles is None:
+        specs = fleet_specs(
+            n_engines,
+            model_name=MODEL,
+            profile="h100",
+            output_lengths=SHORT_OUTPUTS,
+            tracer_provider=provider,
+        )
+    else:
+        names = [f"{role}-{i}" for i, role in enumerate(roles)]
+        specs = [
+            EngineSpec(name=name, model_name=MODEL, profile="h100", role=role, seed=i,
+                       output_lengths=SHORT_OUTPUTS, tracer_provider=provider)
+            for i, (name, role) in enumerate(zip(names, roles, strict=True))
+        ]  # fmt: skip
     proxy_spans = InMemorySpanExporter()
     async with EmulatedFleet(specs) as fleet:
         extra = f"\n[tracing]\n{tracing}\n"
-        config = decode_config(config_toml(fleet.urls, extra), source="tracing.toml")
+        toml = config_toml(fleet.urls, extra, names=names, roles=roles)
+        config = decode_config(toml, source="tracing.toml")
         app = ProxyApp(config, span_exporter=proxy_spans)
         async with serve_proxy_app(app) as (url, _):
             yield Traced(fleet, app, url, proxy_spans, engine_spans)
@@ -296,5 +308,30 @@ def test_a_body_the_proxy_rejects_still_ends_its_request_span() -> None:
         assert request.status.is_unset
         assert classify.attributes["fastroute.rejected"]
         assert "fastroute.attempt" not in names
+
+    run(main())
+
+
+def test_a_pd_request_traces_both_stages() -> None:
+    """A P/D request: a pick per stage, an attempt per stage (prefill, then decode), each
+    with its engine's span under it."""
+
+    async def main() -> None:
+        roles = ("prefill", "decode")
+        async with traced_stack("enabled = true", roles=roles) as st:
+            text, _ = await asyncio.to_thread(stream_chat, st.url)
+            assert len(text.split()) == MAX_TOKENS
+            proxy, engine = st.flush()
+        names = by_name(proxy)
+        picks = {s.attributes["fastroute.stage"]: s for s in names["fastroute.pick"]}
+        assert picks["prefill"].attributes["fastroute.pick.engine"] == "prefill-0"
+        assert picks["decode"].attributes["fastroute.pick.engine"] == "decode-1"
+        attempts = sorted(names["fastroute.attempt"], key=lambda s: s.start_time)
+        assert [a.attributes["fastroute.stage"] for a in attempts] == ["prefill", "decode"]
+        by_parent = {parent_id(s): s for s in engine}
+        for attempt in attempts:
+            llm = by_parent[attempt.context.span_id]
+            assert llm.attributes["fastroute.engine"] == attempt.attributes["fastroute.engine"]
+        assert len({s.context.trace_id for s in [*proxy, *engine]}) == 1
 
     run(main())
