@@ -25,6 +25,7 @@ thread: the event loop never waits for an export.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from fastroute.proxy.path.decisions import Attempt
     from fastroute.proxy.path.fleet import Fleet
     from fastroute.proxy.path.request_state import RequestState
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["NO_TRACING", "NoTracing", "RequestTrace", "Tracing", "UnsampledTrace", "build_tracing"]
 
@@ -117,7 +120,9 @@ class Tracing:
             exporter = OTLPSpanExporter(
                 endpoint=config.otlp_endpoint, timeout=config.export_timeout_s
             )
-        if exporter is not None:
+        if exporter is None:
+            _log.warning("tracing.enabled without tracing.otlp_endpoint: spans go nowhere")
+        else:
             self.provider.add_span_processor(
                 BatchSpanProcessor(
                     exporter,
