@@ -174,6 +174,8 @@ class StubProtocol(asyncio.Protocol):
             loop = asyncio.get_running_loop()
             for i, out in enumerate(writes_out):
                 loop.call_later(i * interval_s, _write_unless_closed, transport, out)
+        elif method == b"POST" and path == b"/v1/traces":  # an OTLP/HTTP sink: traced routers
+            transport.write(server.empty_response)
         elif method == b"GET" and path == b"/v1/models":
             transport.write(server.models_response)
         elif method == b"GET" and path == b"/metrics":

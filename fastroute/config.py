@@ -86,6 +86,7 @@ __all__ = [
     "ShedPenaltiesConfig",
     "DeratingConfig",
     "ControllerConfig",
+    "TracingConfig",
     "Config",
     "load_config",
     "decode_config",
@@ -904,6 +905,52 @@ class ControllerConfig(_Section):
 # Root
 
 
+class TracingConfig(_Section):
+    """OpenTelemetry traces of the request path (docs/operations.md, "Tracing"); off by default.
+
+    With ``enabled`` false the request path creates no span and attaches no context: one
+    attribute check per request. With it on, each request gets a ``fastroute.request`` span
+    (a child of the client's W3C ``traceparent`` when it sent one) with child spans for
+    classify, admission, pick, each attempt and each migration segment, and every attempt
+    sends the engine its own ``traceparent`` so the engine's spans join the trace.
+
+    Attributes
+    ----------
+    enabled : bool
+        Export spans.
+    sample_ratio : float
+        Fraction of new traces sampled (a parent-based ratio sampler: a request whose
+        client sent a ``traceparent`` follows the client's sampled flag). 1.0 samples every
+        request; lower it when the collector cannot take one trace per request.
+    otlp_endpoint : str
+        The OTLP/HTTP (protobuf) traces URL of the collector, e.g.
+        ``http://127.0.0.1:4318/v1/traces``. Empty: spans are made but sent nowhere (tests
+        give the tracer their own exporter).
+    service_name : str
+        The ``service.name`` resource attribute of the proxy's spans.
+    max_queue_size : int
+        Spans the batch processor holds before it drops new ones (a bounded queue per
+        worker): 2048 is the SDK's default, about 300 requests of seven spans each, more
+        than one ``schedule_delay_s`` of traffic at the rates one worker serves.
+    max_export_batch_size : int
+        Spans per export request; at most ``max_queue_size``.
+    schedule_delay_s : float
+        Longest a span waits in the queue before it is exported, seconds (the SDK's 5 s).
+    export_timeout_s : float
+        Longest one export may take, seconds; the export runs on the processor's own
+        thread, never on the event loop.
+    """
+
+    enabled: bool = False
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
+    otlp_endpoint: Annotated[str, msgspec.Meta(max_length=2048, pattern=r"^(https?://\S+)?$")] = ""
+    service_name: Name = "fastroute-proxy"
+    max_queue_size: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 2048
+    max_export_batch_size: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 512
+    schedule_delay_s: PositiveSeconds = 5.0
+    export_timeout_s: PositiveSeconds = 30.0
+
+
 class Config(_Section):
     """The whole file: everything the proxy and the controller need.
 
@@ -938,6 +985,8 @@ class Config(_Section):
         The data plane process, ``[proxy]``.
     controller : table
         The control plane process, ``[controller]``.
+    tracing : table
+        OpenTelemetry traces of the request path, ``[tracing]`` (off by default).
     discovery : array of tables
         Engines found in DNS, ``[[discovery]]``; they join the ``[[engines]]`` (and the
         engines added through the admin API) in the fleet in force.
@@ -958,6 +1007,7 @@ class Config(_Section):
     limits: LimitsConfig = LimitsConfig()
     proxy: ProxyConfig = ProxyConfig()
     controller: ControllerConfig = ControllerConfig()
+    tracing: TracingConfig = TracingConfig()
     discovery: tuple[DiscoveryConfig, ...] = ()
 
     def engine(self, name: str) -> EngineConfig:
@@ -1315,6 +1365,13 @@ def _discovery_problems(
 
 def _cross_field_problems(config: Config) -> Iterator[tuple[str, str]]:
     """Yield ``(json_path, message)`` for every cross-field rule ``config`` breaks."""
+    tracing = config.tracing
+    if tracing.max_export_batch_size > tracing.max_queue_size:
+        yield (
+            "$.tracing.max_export_batch_size",
+            f"must be at most tracing.max_queue_size ({tracing.max_queue_size}), "
+            f"got {tracing.max_export_batch_size}",
+        )
     # Regions and zones.
     regions: dict[str, RegionConfig] = {}
     for i, region in enumerate(config.network.regions):

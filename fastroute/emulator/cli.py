@@ -77,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reasoning-tokens", type=int, default=0,
         help="the first N output tokens of a chat answer are reasoning deltas",
     )  # fmt: skip
+    real.add_argument(
+        "--otlp-traces-endpoint", default="",
+        help="OTLP/HTTP traces URL: one llm_request span per request, a child of its "
+        "traceparent (vLLM's --otlp-traces-endpoint; needs fastroute[tracing])",
+    )  # fmt: skip
     sched = parser.add_argument_group("scheduler")
     sched.add_argument("--max-num-seqs", type=int, default=256)
     sched.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -187,6 +192,11 @@ def _specs(args: argparse.Namespace) -> list:
         reasoning_tokens=args.reasoning_tokens,
         bootstrap_timeout_s=args.bootstrap_timeout_s,
     )
+    if args.otlp_traces_endpoint:
+        from fastroute.emulator.tracing import otlp_tracer_provider
+
+        provider = otlp_tracer_provider(args.otlp_traces_endpoint, "fastroute-engine")
+        specs = [dataclasses.replace(spec, tracer_provider=provider) for spec in specs]
     if args.bootstrap_port:
         specs = [
             dataclasses.replace(spec, bootstrap_port=args.bootstrap_port + i)

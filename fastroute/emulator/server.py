@@ -186,6 +186,10 @@ class EngineSpec:
     lora_adapters : tuple of str
         LoRA adapter names the engine lists in ``/v1/models`` (``parent``: ``model_name``) and
         accepts as ``model`` on the endpoints of :mod:`fastroute.emulator.extra_api`.
+    tracer_provider : TracerProvider or None
+        An OpenTelemetry tracer provider: the engine makes one ``llm_request`` span per
+        inference request, a child of its ``traceparent``
+        (:mod:`fastroute.emulator.tracing`). None: no spans.
     """
 
     name: str = "engine-0"
@@ -211,6 +215,7 @@ class EngineSpec:
     bootstrap_port: int = 0
     bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S
     lora_adapters: tuple[str, ...] = ()
+    tracer_provider: Any = None
 
 
 class TokenChannel:
@@ -511,6 +516,13 @@ class EmulatedEngine:
     def _make_app(self) -> web.Application:
         # +1 so that aiohttp's own limit never fires first: we answer 413 in vLLM's shape.
         app = web.Application(client_max_size=self.spec.max_body_bytes + 1)
+        if self.spec.tracer_provider is not None:
+            from fastroute.emulator.tracing import engine_span_middleware
+
+            spec = self.spec
+            app.middlewares.append(
+                engine_span_middleware(spec.tracer_provider, spec.name, spec.model_name)
+            )
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)

@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Counter
 
@@ -63,8 +64,12 @@ from fastroute.proxy.routes import (
     not_allowed,
     other_reply,
 )
+from fastroute.proxy.tracing import build_tracing
 from fastroute.tables.response_map import ResponseMap, response_map_name
 from fastroute.tables.stats import StatsBlock
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 __all__ = ["ProxyApp", "ServedRequest", "build_context", "TABLE_POLL_INTERVAL_S"]
 
@@ -155,6 +160,7 @@ def build_context(
     ctx.scraper = getattr(previous, "scraper", None)
     ctx.responses = _response_map(config, stats_block, previous)
     ctx.models = getattr(previous, "models", None)
+    ctx.tracer = _tracer(config, previous)
     install_marginal(ctx, previous)
     return ctx
 
@@ -175,6 +181,16 @@ def _response_map(
             "no shared response map (%s): previous_response_id affinity is per worker", exc
         )
         return ResponseMap.private(config.proxy.response_map_capacity)
+
+
+def _tracer(config: Config, previous: ProxyContext | None) -> Any:
+    """The previous context's tracer when ``[tracing]`` did not change, else a new one
+    (the old one is shut down on a thread: its last export must not block the loop)."""
+    if previous is not None:
+        if previous.config.tracing == config.tracing:
+            return previous.tracer
+        threading.Thread(target=previous.tracer.shutdown, daemon=True).start()
+    return build_tracing(config.tracing)
 
 
 def _admission(config: Config, previous: ProxyContext | None) -> AdmissionQueue | None:
@@ -255,6 +271,9 @@ class ProxyApp:
         The file ``config`` came from; :meth:`reload` without a config re-reads it
         (with its engines state file, :func:`fastroute.discovery.merge.load_effective_config`),
         and the fleet admin API (:mod:`fastroute.proxy.admin_engines`) writes next to it.
+    span_exporter : SpanExporter, optional
+        With ``tracing.enabled``: where the request path's spans go instead of
+        ``tracing.otlp_endpoint`` (tests pass the SDK's ``InMemorySpanExporter``).
 
     Attributes
     ----------
@@ -282,10 +301,14 @@ class ProxyApp:
         table_name: str | None = None,
         stats_block: StatsBlock | None = None,
         config_path: str | Path | None = None,
+        span_exporter: SpanExporter | None = None,
     ) -> None:
         ctx = build_context(
             config, stats_block, None, lambda: self._current.ctx.fleet.state.published_at
         )
+        if span_exporter is not None and config.tracing.enabled:  # tests: in-memory spans
+            ctx.tracer.shutdown()
+            ctx.tracer = build_tracing(config.tracing, span_exporter)
         self._current = _new_generation(ctx, table_name or config.proxy.table_name)
         self._stats_block = stats_block
         self._table_name = table_name
@@ -333,6 +356,9 @@ class ProxyApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await _stop_generation(self._current, None)
+        tracer = self._current.ctx.tracer
+        if tracer.enabled:  # flushes the last spans: on a thread, not the loop
+            await asyncio.get_running_loop().run_in_executor(None, tracer.shutdown)
 
     async def __aenter__(self) -> ProxyApp:
         await self.start()

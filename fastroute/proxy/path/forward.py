@@ -126,8 +126,12 @@ class Forwarder:
         fleet.attempt_started(index, tokens)
         tracked = strategy.admit(index, route, started, state.stage)
         ok = False
+        trace = state.trace
+        span = trace.attempt_started(attempt) if trace is not None else None
         try:
             headers = self.headers.to_engine(state.request, engine.api_key, record.request_id)
+            if trace is not None and span is not None:
+                headers = trace.engine_headers(headers, span)
             try:
                 resp = await upstream.open(
                     engine, state.request.path, state.body, headers, state.deadline
@@ -167,6 +171,8 @@ class Forwarder:
             if ok:
                 fleet.observe(index, Ewma.E2E_S, loop.time() - state.t0)
             policy.on_complete(route, engine_id, ok)
+            if trace is not None and span is not None:
+                trace.attempt_finished(span, attempt)
 
     def _whole(
         self, state: RequestState, resp: Response, index: int, attempt: Attempt, data: bytes

@@ -64,6 +64,7 @@ from fastroute.proxy.path.routing_key import estimate_prompt_tokens, routing_key
 from fastroute.proxy.path.sse import ask_for_usage
 from fastroute.proxy.path.stored_responses import StoredResponses
 from fastroute.proxy.path.strategy import build_pair_strategies, build_strategies
+from fastroute.proxy.tracing import NO_TRACING
 from fastroute.signals.reports import DemandAggregator
 from fastroute.tables.response_map import ResponseMap
 
@@ -142,6 +143,9 @@ class ProxyContext:
         What the engines' own ``GET /v1/models`` report
         (:mod:`fastroute.proxy.background.models_scrape`), set by ``install_signal_tasks``;
         None: the config's model list is all there is.
+    tracer : Tracing or NoTracing
+        The request path's tracer (:mod:`fastroute.proxy.tracing`); :data:`NO_TRACING`
+        when ``tracing.enabled`` is false.
     """
 
     config: Config
@@ -157,6 +161,7 @@ class ProxyContext:
     scraper: Any = None
     responses: ResponseMap | None = None
     models: Any = None
+    tracer: Any = NO_TRACING
     ready: bool = False
     draining: bool = False
 
@@ -266,21 +271,30 @@ class InferenceHandler:
         api = self._apis.get(kind)
         if api is not None:  # Responses, Messages: their dialect and hooks
             state.api = api.begin(state)
+        tracer = ctx.tracer
+        if tracer.enabled:  # off: no span, no context; the steps only test `state.trace`
+            state.trace = tracer.begin(state)
         metrics = ctx.metrics
         metrics.in_flight_count += 1
         response: Reply | None = None
         try:
+            trace = state.trace
+            started_ns = trace.now_ns() if trace is not None else 0
             try:
                 cls = self._classify(state)
             except Reject as rej:
                 # Never routed, but recorded: the client has the request id to ask why.
                 record.error = rej.reason
+                if trace is not None:
+                    trace.step("classify", started_ns, rej.reason)
                 ctx.decisions.add(record)
                 response = rej.response
                 return response
             record.model, record.priority, record.tenant = state.model, state.priority, state.tenant
             record.class_name, record.row = cls.name, state.row
             record.zones = self._classifier.zone_list(state.zones)
+            if trace is not None:
+                trace.step("classify", started_ns)
             ctx.decisions.add(record)
             response = await self._route(state)
             return response
@@ -297,6 +311,8 @@ class InferenceHandler:
                 ctx.aggregator.observe_rejected(int(ctx.fleet.row_keys[record.row]))
             if response is not None and status < 400:
                 metrics.e2e_of(record.class_name, engine).observe(loop.time() - t0)
+            if state.trace is not None:
+                state.trace.finish(state, status)
 
     def _classify(self, state: RequestState) -> ClassConfig:
         """Parse and classify; pick the class's strategy (raises ``Reject``)."""
@@ -336,12 +352,18 @@ class InferenceHandler:
         admission = ctx.admission
         if admission is None:
             return await self._pick_and_forward(state)
+        trace = state.trace
+        started_ns = trace.now_ns() if trace is not None else 0
         try:
             queued = admission.try_acquire()  # no coroutine unless it has to wait
             if queued is not None:
                 await admission.wait(queued)
         except AdmissionRejected as exc:
+            if trace is not None:
+                trace.step("admission", started_ns, str(exc))
             return self._shed(state, "admission", str(exc), exc.admission.retry_after_header)
+        if trace is not None:
+            trace.step("admission", started_ns)
         try:
             return await self._pick_and_forward(state)
         finally:
@@ -383,6 +405,7 @@ class InferenceHandler:
         loop = state.loop
         strategy = state.strategy
         assert strategy is not None and state.parsed is not None
+        started_ns = state.trace.now_ns() if state.trace is not None else 0
         fleet = state.fleet = strategy.fleet
         eligibility = fleet.eligibility
         mask = eligibility.request_mask(state.zones, state.hardware)
@@ -413,6 +436,8 @@ class InferenceHandler:
         record.policy, record.reason = decision.policy, decision.reason
         record.defer(choice_renderer(fleet, state.row, mask, fleet_state, decision))
         record.timings["decided"] = loop.time() - state.t0
+        if state.trace is not None:
+            state.trace.picked(started_ns, fleet, decision, mask, state.stage)
         refused = strategy.record(state, decision)
         if refused is not None:
             return refused

@@ -197,7 +197,7 @@ class Migrator:
             state.body = body
             migration.rewriter = rewriter
             try:
-                reply = await self.attempt(state, next_rank, index)
+                reply = await self._continue_on(state, next_rank, index)
             except Retryable as exc:
                 if isinstance(exc.failure, UpstreamError):
                     failure = exc.failure
@@ -221,6 +221,22 @@ class Migrator:
         self.ctx.metrics.broken_streams.labels(outcome).inc()
         await self._end(state, failure)
         return Reply(200, _STREAM_HEADERS, streamed=True)
+
+    async def _continue_on(self, state: RequestState, rank: int, index: int) -> Reply:
+        """The continuation's attempt; traced, inside its ``fastroute.migration`` span."""
+        trace = state.trace
+        if trace is None:
+            return await self.attempt(state, rank, index)
+        migration = state.migration
+        assert migration is not None and state.fleet is not None
+        tokens_sent = sum(a.output_tokens or 0 for a in migration.segments)
+        engine = state.fleet.engines[index].name
+        segment = trace.segment_started(migration.count, engine, tokens_sent)
+        try:
+            return await self.attempt(state, rank, index)
+        finally:
+            attempts = state.record.attempts
+            trace.segment_finished(segment, attempts[-1].outcome if attempts else "none")
 
     def _next(
         self, state: RequestState, migration: Migration, candidate: bool

@@ -145,6 +145,7 @@ class PDStages:
         p, d = pair.prefill, pair.decode
         assert state.parsed is not None
         record = state.record
+        started_ns = state.trace.now_ns() if state.trace is not None else 0
         key = (state.model, state.priority)
         p_row, d_row = p.fleet.rows[key], d.fleet.rows[key]
         p_mask = p.fleet.eligibility.request_mask(state.zones, state.hardware)
@@ -168,6 +169,9 @@ class PDStages:
             )
         )
         record.timings["decided"] = state.loop.time() - state.t0
+        if state.trace is not None:
+            state.trace.picked(started_ns, p.fleet, p_dec, p_mask, "prefill")
+            state.trace.picked(started_ns, d.fleet, d_dec, d_mask, "decode")
         refused = pair.record(state, p_dec, d_dec)
         if refused is not None:
             return refused

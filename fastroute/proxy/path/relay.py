@@ -259,6 +259,8 @@ class Relay:
             record.error = "client disconnected mid-stream"
         if tracked is not None:
             tracked.usage = meter.usage
+        if state.trace is not None and meter.usage is not None:
+            state.trace.prompt_tokens = meter.usage.prompt_tokens
         self._account(state, index, attempt, tally, first_at)
         if broken is not None:
             raise Migrate(broken)

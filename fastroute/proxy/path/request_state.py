@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fastroute.proxy.path.fleet import Fleet
     from fastroute.proxy.path.migration import Migration
     from fastroute.proxy.path.strategy import RoutingStrategy
+    from fastroute.proxy.tracing import RequestTrace
 
 __all__ = ["RequestState"]
 
@@ -93,6 +94,8 @@ class RequestState:
     hedge : object or None
         The leg of a hedged race this state copy is (:mod:`~fastroute.proxy.path.hedge`):
         told of the stream's first token; None outside a race.
+    trace : RequestTrace or None
+        The request's spans (:mod:`fastroute.proxy.tracing`); None when tracing is off.
     """
 
     request: Any
@@ -124,3 +127,4 @@ class RequestState:
     api: Any = None
     migration: Migration | None = None
     hedge: Any = None
+    trace: RequestTrace | None = None
