@@ -1,0 +1,229 @@
+"""The plan at scale: R regions × E engines × C classes per region, one control period timed by stage.
+
+Synthetic fleet (docs/controller.md, "Plan at scale"): ``R`` regions on a random symmetric RTT
+matrix (2–150 ms, 2 ms inside a region), ``E / R`` engines per region in three hardware types
+(capacities 8 / 12 / 20 req/s, each its own latency shape), so the controller groups them into
+``3 R`` groups (region × hardware). ``C`` classes per region (tenant/residency × SLO, as the
+controller's ``cluster/model/priority`` rows); a class may use its home region and the
+``NEAR`` nearest others (residency), demand 70 % of capacity. A period later demand moves by
+``U(0.97, 1.03)`` and ``DERATED`` engines are derated to half health.
+
+Stages of one period, as the planner runs them (:func:`controller.planner._solve_period`):
+``group`` (:func:`controller.groups.group_engines`), ``build`` (:meth:`RoutingProblem.from_groups`),
+``solve`` (cold the first period, warm with the table anchor the second; column generation above
+:data:`controller.planner.SIFTING_MIN_PAIRS` pairs, as the planner chooses), ``rows`` (class →
+engine weight rows, validation, the per-engine allocation), ``tables`` (each region's table: its own
+class rows × all engines, checked and encoded for the wire, :mod:`fastroute.tables.wire`).
+
+Run: ``nice -n 5 python bench/bench_plan_scale.py [--sizes 10x1000x10,30x3000x20,100x10000x50]
+[--profile]``. Prints one JSON line per size and, with ``--profile``, the cProfile top functions of
+the warm period at the largest size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import resource
+import time
+import tracemalloc
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.groups import EngineGroups, group_engines
+from controller.latency import LatencyProfile
+from controller.lp import RoutingProblem
+from controller.planner import SIFTING_MIN_PAIRS
+from controller.sifting import SiftingLP
+from controller.solve import RoutingLP, SolveResult
+from controller.weights import class_weights, engine_weights, table_anchor, validate_weights
+from fastroute.tables import TableSnapshot
+from fastroute.tables.wire import encode_snapshot
+
+KAPPA_S = 0.2
+NEAR = 3
+DERATED = 5
+SHAPES = [LatencyProfile.seed(t, b) for t, b in ((0.12, 0.012), (0.08, 0.009), (0.05, 0.006))]
+CAPACITY_RPS = np.array([8.0, 12.0, 20.0])
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass
+class ScaleFleet:
+    """A synthetic fleet, dense as the controller's :class:`controller.model.FleetModel` holds it."""
+
+    n_regions: int
+    class_region: npt.NDArray[np.intp]
+    engine_region: npt.NDArray[np.intp]
+    profiles: list[LatencyProfile]
+    capacity_rps: FloatArray
+    health: FloatArray
+    eligible: npt.NDArray[np.bool_]
+    rtt_s: FloatArray
+    demand_rps: FloatArray
+    rng: np.random.Generator
+
+    def groups(self) -> EngineGroups:
+        return group_engines(
+            self.profiles, self.capacity_rps, self.eligible, self.rtt_s, health=self.health
+        )
+
+
+def make_fleet(n_regions: int, n_engines: int, classes_per_region: int, seed: int = 3) -> ScaleFleet:
+    """The fleet described in the module docstring."""
+    rng = np.random.default_rng(seed)
+    region_rtt = rng.uniform(0.002, 0.150, (n_regions, n_regions))
+    region_rtt = (region_rtt + region_rtt.T) / 2
+    np.fill_diagonal(region_rtt, 0.002)
+    engine_region = np.arange(n_engines) % n_regions
+    hw = (np.arange(n_engines) // n_regions) % 3
+    cap = CAPACITY_RPS[hw]
+    class_region = np.repeat(np.arange(n_regions), classes_per_region)
+    # residency: home region and the NEAR nearest others
+    near = np.argsort(region_rtt, axis=1)[:, : NEAR + 1]
+    region_ok = np.zeros((n_regions, n_regions), dtype=bool)
+    np.put_along_axis(region_ok, near, True, axis=1)
+    eligible = region_ok[np.ix_(class_region, engine_region)]
+    demand = rng.dirichlet(np.ones(class_region.size)) * 0.7 * float(cap.sum())
+    return ScaleFleet(
+        n_regions=n_regions,
+        class_region=class_region,
+        engine_region=engine_region,
+        profiles=[SHAPES[h] for h in hw],
+        capacity_rps=cap,
+        health=np.ones(n_engines),
+        eligible=eligible,
+        rtt_s=region_rtt[np.ix_(class_region, engine_region)],
+        demand_rps=demand,
+        rng=rng,
+    )
+
+
+def region_tables(fleet: ScaleFleet, weights: FloatArray, sigma: FloatArray) -> list[bytes]:
+    """Each region's wire table: its own class rows × all engines (what its proxies receive)."""
+    n_e = weights.shape[1]
+    ids = np.arange(1, n_e + 1, dtype=np.uint64)
+    out = []
+    for r in range(fleet.n_regions):
+        rows = np.flatnonzero(fleet.class_region == r)
+        snap = TableSnapshot.validated(
+            1, ids, weights[rows], class_keys=rows.astype(np.uint64), shed_fraction=sigma[rows]
+        )
+        out.append(encode_snapshot(snap))
+    return out
+
+
+@dataclass
+class PeriodState:
+    lp: RoutingLP | SiftingLP
+    x_prev: FloatArray | None = None
+    demand_prev: FloatArray | None = None
+
+
+def period(fleet: ScaleFleet, state: PeriodState, demand: FloatArray) -> dict[str, Any]:
+    """One planner period, timed per stage (seconds)."""
+    t: dict[str, float] = {}
+    t0 = time.perf_counter()
+    g = fleet.groups()
+    t["group_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    anchor = None
+    if state.x_prev is not None and state.demand_prev is not None:
+        anchor = table_anchor(state.x_prev, state.demand_prev, demand)
+    problem = RoutingProblem.from_groups(demand, g, kappa_s=KAPPA_S)
+    t["build_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res: SolveResult = state.lp.solve(problem, anchor)
+    t["solve_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    wg, sigma = class_weights(res.x_rps, res.shed_rps, demand, fallback=g.eligible * g.capacity_rps)
+    w = engine_weights(wg, g)
+    validate_weights(w, sigma)
+    g.split(res.x_rps)
+    t["rows_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tables = region_tables(fleet, w, sigma)
+    t["tables_s"] = time.perf_counter() - t0
+    state.x_prev, state.demand_prev = res.x_rps, demand
+    sizes = np.array([len(b) for b in tables])
+    return {
+        **{k: round(v, 4) for k, v in t.items()},
+        "plan_s": round(t["group_s"] + t["build_s"] + t["solve_s"] + t["rows_s"], 4),
+        "status": res.status,
+        "warm": res.warm,
+        "iterations": res.iterations,
+        "n_groups": g.n_groups,
+        "shed_rps": round(float(res.shed_rps.sum()), 3),
+        "table_bytes_per_region": int(sizes.mean()),
+        "table_bytes_all_regions": int(sizes.sum()),
+    }
+
+
+def run_size(n_regions: int, n_engines: int, classes_per_region: int) -> dict[str, Any]:
+    """Cold period, then a warm one after drift and derating; memory over both."""
+    tracemalloc.start()
+    fleet = make_fleet(n_regions, n_engines, classes_per_region)
+    pairs = int(fleet.groups().eligible.sum())
+    lp: RoutingLP | SiftingLP = SiftingLP() if pairs >= SIFTING_MIN_PAIRS else RoutingLP()
+    state = PeriodState(lp)
+    cold = period(fleet, state, fleet.demand_rps)
+    demand = fleet.demand_rps * fleet.rng.uniform(0.97, 1.03, fleet.demand_rps.size)
+    fleet.health[fleet.rng.choice(n_engines, DERATED, replace=False)] = 0.5
+    warm = period(fleet, state, demand)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {
+        "size": f"{n_regions}x{n_engines}x{classes_per_region}",
+        "n_classes": int(fleet.demand_rps.size),
+        "pairs_grouped": pairs,
+        "solver": type(lp).__name__,
+        "cold": cold,
+        "warm": warm,
+        "tracemalloc_peak_mb": round(peak / 2**20, 1),
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def profile_warm(n_regions: int, n_engines: int, classes_per_region: int, top: int = 15) -> None:
+    """cProfile of the warm period (cumulative time, top functions)."""
+    fleet = make_fleet(n_regions, n_engines, classes_per_region)
+    state = PeriodState(SiftingLP())
+    period(fleet, state, fleet.demand_rps)
+    demand = fleet.demand_rps * fleet.rng.uniform(0.97, 1.03, fleet.demand_rps.size)
+    prof = cProfile.Profile()
+    prof.enable()
+    period(fleet, state, demand)
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def parse_sizes(text: str) -> list[tuple[int, int, int]]:
+    out = []
+    for part in text.split(","):
+        r, e, c = (int(v) for v in part.lower().split("x"))
+        if r < 1 or e < 3 * r or c < 1:
+            raise SystemExit(f"bad size {part!r}: need R >= 1, E >= 3 R, C >= 1")
+        out.append((r, e, c))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--sizes", default="10x1000x10,30x3000x20,100x10000x50")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    sizes = parse_sizes(args.sizes)
+    for size in sizes:
+        print(json.dumps(run_size(*size)), flush=True)
+    if args.profile:
+        profile_warm(*sizes[-1])
+
+
+if __name__ == "__main__":
+    main()
