@@ -18,7 +18,7 @@ member with zero share.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -89,6 +89,26 @@ class EngineGroups:
     def n_groups(self) -> int:
         """Number of groups."""
         return len(self.members)
+
+    def with_health(self, capacity_rps: npt.ArrayLike, health: npt.ArrayLike) -> EngineGroups:
+        """The same partition with members derated to ``capacity_rps · health``.
+
+        Health is not part of the grouping key (module doc), so a derating change keeps every
+        group and only its capacity moves; this skips the O(classes × engines) key build of
+        :func:`group_engines` and gives the same groups it would.
+        """
+        cap = np.asarray(capacity_rps, dtype=np.float64)
+        h = np.asarray(health, dtype=np.float64)
+        if cap.shape != self.engine_capacity_rps.shape or h.shape != cap.shape:
+            raise ValueError(f"capacity_rps and health must be ({cap.size},) like the engines")
+        if np.any(~np.isfinite(cap)) or np.any(cap < 0) or np.any((h < 0) | (h > 1)):
+            raise ValueError("capacity_rps must be finite >= 0 and health within [0, 1]")
+        eff = cap * h
+        return replace(
+            self,
+            engine_capacity_rps=eff,
+            capacity_rps=np.bincount(self.group_of_engine, eff, self.n_groups),
+        )
 
     def split(self, x_group_rps: npt.ArrayLike) -> FloatArray:
         """Engine-level rates ``(n_classes, n_engines)`` from group rates ``(n_classes, n_groups)``.

@@ -104,11 +104,15 @@ def engine_weights(group_weights: npt.ArrayLike, groups: EngineGroups) -> FloatA
     renormalised.
     """
     wg = np.asarray(group_weights, dtype=np.float64)
-    w = groups.split(wg)
-    total = w.sum(axis=1, keepdims=True)
-    out = np.zeros_like(w)
-    np.divide(w, total, out=out, where=total > 0)
-    return out
+    if wg.ndim != 2 or wg.shape[1] != groups.n_groups:
+        raise ValueError(f"expected (n_classes, {groups.n_groups}) group rows, got {wg.shape}")
+    # normalise on the (classes × groups) rows, then one gather to engines: the members' shares
+    # of a group with capacity sum to 1, so a row's engine sum is its weight on such groups
+    # (one pass over the dense classes × engines matrix instead of three)
+    wg = np.where(groups.capacity_rps > 0, wg, 0.0)
+    total = wg.sum(axis=1, keepdims=True)
+    wg = np.divide(wg, total, out=np.zeros_like(wg), where=total > 0)
+    return groups.split(wg)
 
 
 def validate_weights(
