@@ -1,4 +1,4 @@
-"""The plan at scale: R regions × E engines × C classes per region, one control period timed by stage.
+"""The plan at scale: R regions × E engines × C classes per region, one period timed by stage.
 
 Synthetic fleet (docs/controller.md, "Plan at scale"): ``R`` regions on a random symmetric RTT
 matrix (2–150 ms, 2 ms inside a region), ``E / R`` engines per region in three hardware types
@@ -56,7 +56,7 @@ FloatArray = npt.NDArray[np.float64]
 
 @dataclass
 class ScaleFleet:
-    """A synthetic fleet, dense as the controller's :class:`controller.model.FleetModel` holds it."""
+    """A synthetic fleet, dense as :class:`controller.model.FleetModel` holds it."""
 
     n_regions: int
     class_region: npt.NDArray[np.intp]
@@ -75,7 +75,9 @@ class ScaleFleet:
         )
 
 
-def make_fleet(n_regions: int, n_engines: int, classes_per_region: int, seed: int = 3) -> ScaleFleet:
+def make_fleet(
+    n_regions: int, n_engines: int, classes_per_region: int, seed: int = 3
+) -> ScaleFleet:
     """The fleet described in the module docstring."""
     rng = np.random.default_rng(seed)
     region_rtt = rng.uniform(0.002, 0.150, (n_regions, n_regions))
