@@ -95,3 +95,32 @@ def test_with_health_rejects_bad_health() -> None:
         groups.with_health(cap, np.full(cap.size, 1.5))
     with pytest.raises(ValueError, match="must be"):
         groups.with_health(cap[:-1], np.ones(cap.size - 1))
+
+
+def _reference_partition(profiles, elig, dist) -> np.ndarray:
+    """The previous implementation's key: one float row [shape id, bits, distances] per engine."""
+    shape_ids: dict[tuple[float, ...], int] = {}
+    shape = np.array([shape_ids.setdefault(p.shape_key(9), len(shape_ids)) for p in profiles])
+    rows = np.column_stack([shape, elig.T.astype(float), np.round(np.where(elig, dist, 0).T, 9)])
+    index: dict[bytes, int] = {}
+    return np.array([index.setdefault((r + 0.0).tobytes(), len(index)) for r in rows])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_refit_with_kept_locations_equals_a_full_regroup(seed: int) -> None:
+    profiles, cap, elig, dist = _random_fleet(seed)
+    before = group_engines(profiles, cap, elig, dist)
+    np.testing.assert_array_equal(
+        before.group_of_engine, _reference_partition(profiles, elig, dist)
+    )
+    refit = list(profiles)
+    odd = LatencyProfile.seed(0.2, 0.02)
+    for i in np.random.default_rng(seed).choice(cap.size, 5, replace=False):
+        refit[i] = odd
+    full = group_engines(refit, cap, elig, dist)
+    kept = group_engines(refit, cap, elig, dist, location_of_engine=before.location_of_engine)
+    np.testing.assert_array_equal(kept.group_of_engine, full.group_of_engine)
+    np.testing.assert_array_equal(full.group_of_engine, _reference_partition(refit, elig, dist))
+    assert all(a is b for a, b in zip(kept.profiles, full.profiles, strict=True))
+    with pytest.raises(ValueError, match="location_of_engine"):
+        group_engines(refit, cap, elig, dist, location_of_engine=np.zeros(3, dtype=int))
