@@ -45,6 +45,14 @@ from controller.weights import class_weights, engine_weights, table_anchor, vali
 from fastroute.tables import TableSnapshot
 from fastroute.tables.wire import encode_snapshot
 
+try:
+    from controller.planner import use_sifting
+except ImportError:  # a tree from before use_sifting: the rule it had (for the before/after figure)
+
+    def use_sifting(eligible: npt.NDArray[np.bool_]) -> bool:
+        return int(eligible.sum()) >= SIFTING_MIN_PAIRS
+
+
 KAPPA_S = 0.2
 NEAR = 3
 DERATED = 5
@@ -69,7 +77,11 @@ class ScaleFleet:
     demand_rps: FloatArray
     rng: np.random.Generator
 
-    def groups(self) -> EngineGroups:
+    def groups(self, prev: EngineGroups | None = None) -> EngineGroups:
+        """Groups at the current health: ``prev`` re-derated when given (the service's path on a
+        level change, :meth:`EngineGroups.with_health`), else a full :func:`group_engines`."""
+        if prev is not None:
+            return prev.with_health(self.capacity_rps, self.health)
         return group_engines(
             self.profiles, self.capacity_rps, self.eligible, self.rtt_s, health=self.health
         )
@@ -107,15 +119,23 @@ def make_fleet(
     )
 
 
-def region_tables(fleet: ScaleFleet, weights: FloatArray, sigma: FloatArray) -> list[bytes]:
-    """Each region's wire table: its own class rows × all engines (what its proxies receive)."""
+def region_tables(
+    fleet: ScaleFleet, weights: FloatArray, sigma: FloatArray, *, eligible_only: bool
+) -> list[bytes]:
+    """Each region's wire table: its own class rows × all engines, or × only the engines those
+    rows may use (``eligible_only``; a stable column set, unlike the nonzero weights)."""
     n_e = weights.shape[1]
     ids = np.arange(1, n_e + 1, dtype=np.uint64)
     out = []
     for r in range(fleet.n_regions):
         rows = np.flatnonzero(fleet.class_region == r)
+        cols = np.flatnonzero(fleet.eligible[rows].any(axis=0)) if eligible_only else slice(None)
         snap = TableSnapshot.validated(
-            1, ids, weights[rows], class_keys=rows.astype(np.uint64), shed_fraction=sigma[rows]
+            1,
+            ids[cols],
+            weights[np.ix_(rows, np.arange(n_e)[cols])],
+            class_keys=rows.astype(np.uint64),
+            shed_fraction=sigma[rows],
         )
         out.append(encode_snapshot(snap))
     return out
@@ -124,15 +144,17 @@ def region_tables(fleet: ScaleFleet, weights: FloatArray, sigma: FloatArray) -> 
 @dataclass
 class PeriodState:
     lp: RoutingLP | SiftingLP
+    regroup: str = "health"
     x_prev: FloatArray | None = None
     demand_prev: FloatArray | None = None
+    groups: EngineGroups | None = None
 
 
 def period(fleet: ScaleFleet, state: PeriodState, demand: FloatArray) -> dict[str, Any]:
     """One planner period, timed per stage (seconds)."""
     t: dict[str, float] = {}
     t0 = time.perf_counter()
-    g = fleet.groups()
+    g = fleet.groups(state.groups if state.regroup == "health" else None)
     t["group_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     anchor = None
@@ -150,10 +172,14 @@ def period(fleet: ScaleFleet, state: PeriodState, demand: FloatArray) -> dict[st
     g.split(res.x_rps)
     t["rows_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    tables = region_tables(fleet, w, sigma)
+    tables = region_tables(fleet, w, sigma, eligible_only=False)
     t["tables_s"] = time.perf_counter() - t0
-    state.x_prev, state.demand_prev = res.x_rps, demand
+    t0 = time.perf_counter()
+    own = region_tables(fleet, w, sigma, eligible_only=True)
+    t["tables_eligible_cols_s"] = time.perf_counter() - t0
+    state.x_prev, state.demand_prev, state.groups = res.x_rps, demand, g
     sizes = np.array([len(b) for b in tables])
+    own_sizes = np.array([len(b) for b in own])
     return {
         **{k: round(v, 4) for k, v in t.items()},
         "plan_s": round(t["group_s"] + t["build_s"] + t["solve_s"] + t["rows_s"], 4),
@@ -164,40 +190,74 @@ def period(fleet: ScaleFleet, state: PeriodState, demand: FloatArray) -> dict[st
         "shed_rps": round(float(res.shed_rps.sum()), 3),
         "table_bytes_per_region": int(sizes.mean()),
         "table_bytes_all_regions": int(sizes.sum()),
+        "table_eligible_cols_bytes_per_region": int(own_sizes.mean()),
     }
 
 
-def run_size(n_regions: int, n_engines: int, classes_per_region: int) -> dict[str, Any]:
-    """Cold period, then a warm one after drift and derating; memory over both."""
+@dataclass(frozen=True)
+class RunSpec:
+    """One benchmark run: the size, how many classes move per warm period, the regroup path."""
+
+    n_regions: int
+    n_engines: int
+    classes_per_region: int
+    moved_fraction: float = 1.0
+    warm_periods: int = 3
+    regroup: str = "health"
+
+
+def drifted(fleet: ScaleFleet, demand: FloatArray, moved_fraction: float) -> FloatArray:
+    """``moved_fraction`` of the classes move by U(0.97, 1.03) (the others are held, as the
+    forecaster holds a class inside its noise dead band)."""
+    move = fleet.rng.random(demand.size) < moved_fraction
+    return np.where(move, demand * fleet.rng.uniform(0.97, 1.03, demand.size), demand)
+
+
+def periods(spec: RunSpec) -> tuple[ScaleFleet, RoutingLP | SiftingLP, list[dict[str, Any]]]:
+    """The cold period, then ``warm_periods`` after drift, each with DERATED engines derated."""
+    fleet = make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
+    lp: RoutingLP | SiftingLP = SiftingLP() if use_sifting(fleet.groups().eligible) else RoutingLP()
+    state = PeriodState(lp, regroup=spec.regroup)
+    out = [period(fleet, state, fleet.demand_rps)]
+    demand = fleet.demand_rps
+    for _ in range(spec.warm_periods):
+        demand = drifted(fleet, demand, spec.moved_fraction)
+        fleet.health[fleet.rng.choice(spec.n_engines, DERATED, replace=False)] = 0.5
+        out.append(period(fleet, state, demand))
+    return fleet, lp, out
+
+
+def run_size(spec: RunSpec) -> dict[str, Any]:
+    """Timed periods (no tracing), then a traced repeat for the allocation peak."""
+    fleet, lp, ps = periods(spec)
+    warm = {k: float(np.median([p[k] for p in ps[1:]])) for k in ps[1] if k.endswith("_s")}
     tracemalloc.start()
-    fleet = make_fleet(n_regions, n_engines, classes_per_region)
-    pairs = int(fleet.groups().eligible.sum())
-    lp: RoutingLP | SiftingLP = SiftingLP() if pairs >= SIFTING_MIN_PAIRS else RoutingLP()
-    state = PeriodState(lp)
-    cold = period(fleet, state, fleet.demand_rps)
-    demand = fleet.demand_rps * fleet.rng.uniform(0.97, 1.03, fleet.demand_rps.size)
-    fleet.health[fleet.rng.choice(n_engines, DERATED, replace=False)] = 0.5
-    warm = period(fleet, state, demand)
+    periods(RunSpec(spec.n_regions, spec.n_engines, spec.classes_per_region, warm_periods=1))
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {
-        "size": f"{n_regions}x{n_engines}x{classes_per_region}",
+        "size": f"{spec.n_regions}x{spec.n_engines}x{spec.classes_per_region}",
+        "moved_fraction": spec.moved_fraction,
+        "regroup": spec.regroup,
         "n_classes": int(fleet.demand_rps.size),
-        "pairs_grouped": pairs,
+        "pairs_grouped": int(fleet.groups().eligible.sum()),
         "solver": type(lp).__name__,
-        "cold": cold,
-        "warm": warm,
+        "cold": ps[0],
+        "warm_median": {k: round(v, 4) for k, v in warm.items()},
+        "warm_iterations": [p["iterations"] for p in ps[1:]],
         "tracemalloc_peak_mb": round(peak / 2**20, 1),
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
 
-def profile_warm(n_regions: int, n_engines: int, classes_per_region: int, top: int = 15) -> None:
-    """cProfile of the warm period (cumulative time, top functions)."""
-    fleet = make_fleet(n_regions, n_engines, classes_per_region)
-    state = PeriodState(SiftingLP())
+def profile_warm(spec: RunSpec, top: int = 15) -> None:
+    """cProfile of one warm period (own time, top functions)."""
+    fleet = make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
+    lp: RoutingLP | SiftingLP = SiftingLP() if use_sifting(fleet.groups().eligible) else RoutingLP()
+    state = PeriodState(lp, regroup=spec.regroup)
     period(fleet, state, fleet.demand_rps)
-    demand = fleet.demand_rps * fleet.rng.uniform(0.97, 1.03, fleet.demand_rps.size)
+    demand = drifted(fleet, fleet.demand_rps, spec.moved_fraction)
+    fleet.health[fleet.rng.choice(spec.n_engines, DERATED, replace=False)] = 0.5
     prof = cProfile.Profile()
     prof.enable()
     period(fleet, state, demand)
@@ -218,13 +278,24 @@ def parse_sizes(text: str) -> list[tuple[int, int, int]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--sizes", default="10x1000x10,30x3000x20,100x10000x50")
+    ap.add_argument("--moved", default="1.0", help="fractions of classes moving per period")
+    ap.add_argument("--periods", type=int, default=3, help="warm periods per run (median)")
+    ap.add_argument(
+        "--regroup", choices=["health", "full"], default="health",
+        help="health: re-derate the partition (the service now); full: group_engines each period",
+    )  # fmt: skip
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     sizes = parse_sizes(args.sizes)
+    moved = [float(v) for v in args.moved.split(",")]
+    if not all(0.0 <= m <= 1.0 for m in moved) or args.periods < 1:
+        raise SystemExit("--moved fractions must lie in [0, 1] and --periods be >= 1")
     for size in sizes:
-        print(json.dumps(run_size(*size)), flush=True)
+        for m in moved:
+            spec = RunSpec(*size, moved_fraction=m, warm_periods=args.periods, regroup=args.regroup)
+            print(json.dumps(run_size(spec)), flush=True)
     if args.profile:
-        profile_warm(*sizes[-1])
+        profile_warm(RunSpec(*sizes[-1], moved_fraction=moved[-1], regroup=args.regroup))
 
 
 if __name__ == "__main__":
