@@ -29,7 +29,7 @@ import pstats
 import resource
 import time
 import tracemalloc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,13 @@ from controller.lp import RoutingProblem
 from controller.planner import SIFTING_MIN_PAIRS
 from controller.sifting import SiftingLP
 from controller.solve import RoutingLP, SolveResult
-from controller.weights import class_weights, engine_weights, table_anchor, validate_weights
+from controller.weights import (
+    class_weights,
+    engine_weights,
+    region_engine_weights,
+    table_anchor,
+    validate_weights,
+)
 from fastroute.tables import TableSnapshot
 from fastroute.tables.wire import encode_snapshot
 
@@ -141,10 +147,30 @@ def region_tables(
     return out
 
 
+def region_tables_direct(
+    fleet: ScaleFleet, g: EngineGroups, wg: FloatArray, sigma: FloatArray
+) -> list[bytes]:
+    """Each region's table over its eligible engines, straight from the group rows
+    (:func:`controller.weights.region_engine_weights`): no dense classes × engines matrix."""
+    ids = np.arange(1, fleet.capacity_rps.size + 1, dtype=np.uint64)
+    out = []
+    for r in range(fleet.n_regions):
+        rows = np.flatnonzero(fleet.class_region == r)
+        cols = np.flatnonzero(fleet.eligible[rows].any(axis=0))
+        w = region_engine_weights(wg, g, rows, cols)
+        validate_weights(w, sigma[rows])
+        snap = TableSnapshot.validated(
+            1, ids[cols], w, class_keys=rows.astype(np.uint64), shed_fraction=sigma[rows]
+        )
+        out.append(encode_snapshot(snap))
+    return out
+
+
 @dataclass
 class PeriodState:
     lp: RoutingLP | SiftingLP
     regroup: str = "health"
+    dense: bool = True
     x_prev: FloatArray | None = None
     demand_prev: FloatArray | None = None
     groups: EngineGroups | None = None
@@ -167,6 +193,38 @@ def period(fleet: ScaleFleet, state: PeriodState, demand: FloatArray) -> dict[st
     t["solve_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     wg, sigma = class_weights(res.x_rps, res.shed_rps, demand, fallback=g.eligible * g.capacity_rps)
+    t["class_rows_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    direct = region_tables_direct(fleet, g, wg, sigma)
+    t["region_tables_direct_s"] = time.perf_counter() - t0
+    state.x_prev, state.demand_prev, state.groups = res.x_rps, demand, g
+    out = {
+        **{k: round(v, 4) for k, v in t.items()},
+        "build_solve_s": round(t["build_s"] + t["solve_s"], 4),
+        "plan_region_direct_s": round(sum(t.values()), 4),
+        "status": res.status,
+        "warm": res.warm,
+        "iterations": res.iterations,
+        "n_groups": g.n_groups,
+        "shed_rps": round(float(res.shed_rps.sum()), 3),
+        "table_eligible_cols_bytes_per_region": int(np.mean([len(b) for b in direct])),
+    }
+    if state.dense:
+        out.update(dense_rows(fleet, g, res, wg, sigma, direct))
+    return out
+
+
+def dense_rows(
+    fleet: ScaleFleet,
+    g: EngineGroups,
+    res: SolveResult,
+    wg: FloatArray,
+    sigma: FloatArray,
+    direct: list[bytes],
+) -> dict[str, Any]:
+    """The path the planner takes today: dense classes × engines rows, then per-region tables."""
+    t: dict[str, float] = {}
+    t0 = time.perf_counter()
     w = engine_weights(wg, g)
     validate_weights(w, sigma)
     g.split(res.x_rps)
@@ -177,20 +235,14 @@ def period(fleet: ScaleFleet, state: PeriodState, demand: FloatArray) -> dict[st
     t0 = time.perf_counter()
     own = region_tables(fleet, w, sigma, eligible_only=True)
     t["tables_eligible_cols_s"] = time.perf_counter() - t0
-    state.x_prev, state.demand_prev, state.groups = res.x_rps, demand, g
     sizes = np.array([len(b) for b in tables])
     own_sizes = np.array([len(b) for b in own])
+    if [len(b) for b in direct] != own_sizes.tolist():
+        raise AssertionError("direct region tables differ in size from the dense path's")
     return {
         **{k: round(v, 4) for k, v in t.items()},
-        "plan_s": round(t["group_s"] + t["build_s"] + t["solve_s"] + t["rows_s"], 4),
-        "status": res.status,
-        "warm": res.warm,
-        "iterations": res.iterations,
-        "n_groups": g.n_groups,
-        "shed_rps": round(float(res.shed_rps.sum()), 3),
         "table_bytes_per_region": int(sizes.mean()),
         "table_bytes_all_regions": int(sizes.sum()),
-        "table_eligible_cols_bytes_per_region": int(own_sizes.mean()),
     }
 
 
@@ -204,6 +256,7 @@ class RunSpec:
     moved_fraction: float = 1.0
     warm_periods: int = 3
     regroup: str = "health"
+    dense: bool = True
 
 
 def drifted(fleet: ScaleFleet, demand: FloatArray, moved_fraction: float) -> FloatArray:
@@ -217,7 +270,7 @@ def periods(spec: RunSpec) -> tuple[ScaleFleet, RoutingLP | SiftingLP, list[dict
     """The cold period, then ``warm_periods`` after drift, each with DERATED engines derated."""
     fleet = make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
     lp: RoutingLP | SiftingLP = SiftingLP() if use_sifting(fleet.groups().eligible) else RoutingLP()
-    state = PeriodState(lp, regroup=spec.regroup)
+    state = PeriodState(lp, regroup=spec.regroup, dense=spec.dense)
     out = [period(fleet, state, fleet.demand_rps)]
     demand = fleet.demand_rps
     for _ in range(spec.warm_periods):
@@ -232,13 +285,14 @@ def run_size(spec: RunSpec) -> dict[str, Any]:
     fleet, lp, ps = periods(spec)
     warm = {k: float(np.median([p[k] for p in ps[1:]])) for k in ps[1] if k.endswith("_s")}
     tracemalloc.start()
-    periods(RunSpec(spec.n_regions, spec.n_engines, spec.classes_per_region, warm_periods=1))
+    periods(replace(spec, warm_periods=1))
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {
         "size": f"{spec.n_regions}x{spec.n_engines}x{spec.classes_per_region}",
         "moved_fraction": spec.moved_fraction,
         "regroup": spec.regroup,
+        "dense": spec.dense,
         "n_classes": int(fleet.demand_rps.size),
         "pairs_grouped": int(fleet.groups().eligible.sum()),
         "solver": type(lp).__name__,
@@ -254,7 +308,7 @@ def profile_warm(spec: RunSpec, top: int = 15) -> None:
     """cProfile of one warm period (own time, top functions)."""
     fleet = make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
     lp: RoutingLP | SiftingLP = SiftingLP() if use_sifting(fleet.groups().eligible) else RoutingLP()
-    state = PeriodState(lp, regroup=spec.regroup)
+    state = PeriodState(lp, regroup=spec.regroup, dense=spec.dense)
     period(fleet, state, fleet.demand_rps)
     demand = drifted(fleet, fleet.demand_rps, spec.moved_fraction)
     fleet.health[fleet.rng.choice(spec.n_engines, DERATED, replace=False)] = 0.5
@@ -284,6 +338,10 @@ def main() -> None:
         "--regroup", choices=["health", "full"], default="health",
         help="health: re-derate the partition (the service now); full: group_engines each period",
     )  # fmt: skip
+    ap.add_argument(
+        "--no-dense", action="store_true",
+        help="skip the dense classes x engines rows (the planner's path today)",
+    )  # fmt: skip
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     sizes = parse_sizes(args.sizes)
@@ -292,10 +350,14 @@ def main() -> None:
         raise SystemExit("--moved fractions must lie in [0, 1] and --periods be >= 1")
     for size in sizes:
         for m in moved:
-            spec = RunSpec(*size, moved_fraction=m, warm_periods=args.periods, regroup=args.regroup)
+            spec = RunSpec(
+                *size, moved_fraction=m, warm_periods=args.periods, regroup=args.regroup,
+                dense=not args.no_dense,
+            )  # fmt: skip
             print(json.dumps(run_size(spec)), flush=True)
     if args.profile:
-        profile_warm(RunSpec(*sizes[-1], moved_fraction=moved[-1], regroup=args.regroup))
+        last = RunSpec(*sizes[-1], moved_fraction=moved[-1], regroup=args.regroup)
+        profile_warm(replace(last, dense=not args.no_dense))
 
 
 if __name__ == "__main__":
