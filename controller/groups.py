@@ -103,7 +103,8 @@ class EngineGroups:
         cap = np.asarray(capacity_rps, dtype=np.float64)
         h = np.asarray(health, dtype=np.float64)
         if cap.shape != self.engine_capacity_rps.shape or h.shape != cap.shape:
-            raise ValueError(f"capacity_rps and health must be ({cap.size},) like the engines")
+            n = self.engine_capacity_rps.size
+            raise ValueError(f"capacity_rps and health must both have the {n} engines' entries")
         if np.any(~np.isfinite(cap)) or np.any(cap < 0) or np.any((h < 0) | (h > 1)):
             raise ValueError("capacity_rps must be finite >= 0 and health within [0, 1]")
         eff = cap * h

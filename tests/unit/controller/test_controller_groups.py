@@ -93,7 +93,7 @@ def test_with_health_rejects_bad_health() -> None:
     groups = group_engines(profiles, cap, elig, dist)
     with pytest.raises(ValueError, match="health within"):
         groups.with_health(cap, np.full(cap.size, 1.5))
-    with pytest.raises(ValueError, match="must be"):
+    with pytest.raises(ValueError, match="40 engines"):
         groups.with_health(cap[:-1], np.ones(cap.size - 1))
 
 
