@@ -18,14 +18,14 @@ member with zero share.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from controller.latency import LatencyProfile
 
-__all__ = ["EngineGroups", "group_engines", "regroup_rates", "split_group"]
+__all__ = ["EngineGroups", "engine_locations", "group_engines", "regroup_rates", "split_group"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.intp]
@@ -75,6 +75,8 @@ class EngineGroups:
         Class × group eligibility (that of any member).
     network_latency_s : ndarray, shape (n_classes, n_groups)
         Class → group network latency (that of any member).
+    location_of_engine : ndarray of intp, shape (n_engines,) or None
+        :func:`engine_locations` of the matrices the partition was built from.
     """
 
     group_of_engine: IntArray
@@ -84,11 +86,33 @@ class EngineGroups:
     profiles: tuple[LatencyProfile, ...]
     eligible: npt.NDArray[np.bool_]
     network_latency_s: FloatArray
+    location_of_engine: IntArray | None = None
 
     @property
     def n_groups(self) -> int:
         """Number of groups."""
         return len(self.members)
+
+    def with_health(self, capacity_rps: npt.ArrayLike, health: npt.ArrayLike) -> EngineGroups:
+        """The same partition with members derated to ``capacity_rps · health``.
+
+        Health is not part of the grouping key (module doc), so a derating change keeps every
+        group and only its capacity moves; this skips the O(classes × engines) key build of
+        :func:`group_engines` and gives the same groups it would.
+        """
+        cap = np.asarray(capacity_rps, dtype=np.float64)
+        h = np.asarray(health, dtype=np.float64)
+        if cap.shape != self.engine_capacity_rps.shape or h.shape != cap.shape:
+            n = self.engine_capacity_rps.size
+            raise ValueError(f"capacity_rps and health must both have the {n} engines' entries")
+        if np.any(~np.isfinite(cap)) or np.any(cap < 0) or np.any((h < 0) | (h > 1)):
+            raise ValueError("capacity_rps must be finite >= 0 and health within [0, 1]")
+        eff = cap * h
+        return replace(
+            self,
+            engine_capacity_rps=eff,
+            capacity_rps=np.bincount(self.group_of_engine, eff, self.n_groups),
+        )
 
     def split(self, x_group_rps: npt.ArrayLike) -> FloatArray:
         """Engine-level rates ``(n_classes, n_engines)`` from group rates ``(n_classes, n_groups)``.
@@ -111,6 +135,7 @@ def group_engines(
     *,
     health: npt.ArrayLike | None = None,
     decimals: int = 9,
+    location_of_engine: npt.ArrayLike | None = None,
 ) -> EngineGroups:
     """Partition engines by (shape, network-distance vector, eligibility set).
 
@@ -129,6 +154,9 @@ def group_engines(
     decimals : int
         Rounding of slopes and latencies when comparing them (exact ties are the norm: they come
         from the same region pair or the same profile).
+    location_of_engine : array_like of int, shape (n_engines,), optional
+        :func:`engine_locations` of ``eligible`` and ``network_latency_s`` (e.g. the previous
+        partition's, when only profiles changed); computed when not given.
 
     Returns
     -------
@@ -148,7 +176,7 @@ def group_engines(
         raise ValueError("capacity_rps must be finite >= 0 and health within [0, 1]")
 
     shape_ids: dict[tuple[float, ...], int] = {}
-    shape_of_engine = np.empty(n_engines, dtype=np.float64)
+    shape_of_engine = np.empty(n_engines, dtype=np.intp)
     shape_profile: list[LatencyProfile] = []
     by_object: dict[int, int] = {}
     for i, prof in enumerate(profiles):
@@ -160,21 +188,17 @@ def group_engines(
                 shape_profile.append(prof)
             by_object[id(prof)] = sid
         shape_of_engine[i] = sid
-    # one row per engine: [shape id, eligibility bits, distances where eligible]
-    key_rows = np.ascontiguousarray(
-        np.column_stack(
-            [
-                shape_of_engine,
-                elig.T.astype(np.float64),
-                np.round(np.where(elig, dist, 0.0).T, decimals) + 0.0,
-            ]
-        )
-    )
-    # hashing row bytes is ~50x faster than np.unique(axis=0) for thousands of engines; groups are
-    # numbered by first appearance
-    index_of_key: dict[bytes, int] = {}
+    if location_of_engine is None:
+        location_of_engine = engine_locations(elig, dist, decimals)
+    elif np.shape(location_of_engine) != (n_engines,):
+        raise ValueError(f"location_of_engine must have {n_engines} entries")
+    # the key is (shape, location); groups are numbered by first appearance
+    index_of_key: dict[tuple[int, int], int] = {}
     group_of_engine = np.fromiter(
-        (index_of_key.setdefault(row.tobytes(), len(index_of_key)) for row in key_rows),
+        (
+            index_of_key.setdefault(key, len(index_of_key))
+            for key in zip(shape_of_engine.tolist(), location_of_engine.tolist(), strict=True)
+        ),
         dtype=np.intp,
         count=n_engines,
     )
@@ -193,6 +217,33 @@ def group_engines(
         profiles=tuple(shape_profile[int(shape_of_engine[r])] for r in reps),
         eligible=elig[:, reps],
         network_latency_s=dist[:, reps],
+        location_of_engine=np.asarray(location_of_engine, dtype=np.intp),
+    )
+
+
+def engine_locations(
+    eligible: npt.ArrayLike, network_latency_s: npt.ArrayLike, decimals: int = 9
+) -> IntArray:
+    """Number engines by (eligibility set, network-distance vector), by first appearance.
+
+    The shape-free part of the grouping key: it depends only on the classes × engines matrices,
+    which stay fixed while profiles are refitted, so :func:`group_engines` can take it from the
+    previous partition (``location_of_engine``) instead of re-hashing ``2 · n_classes`` values
+    per engine.
+    """
+    elig = np.asarray(eligible, dtype=bool)
+    dist = np.asarray(network_latency_s, dtype=np.float64)
+    elig_rows = np.ascontiguousarray(elig.T)
+    dist_rows = np.ascontiguousarray((np.round(np.where(elig, dist, 0.0), decimals) + 0.0).T)
+    # hashing row bytes is ~50x faster than np.unique(axis=0) for thousands of engines
+    index_of_key: dict[bytes, int] = {}
+    return np.fromiter(
+        (
+            index_of_key.setdefault(e.tobytes() + d.tobytes(), len(index_of_key))
+            for e, d in zip(elig_rows, dist_rows, strict=True)
+        ),
+        dtype=np.intp,
+        count=elig.shape[1],
     )
 
 

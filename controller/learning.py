@@ -170,9 +170,13 @@ class FleetLearning:
         if not changes and not refit:
             return changes
         m = self.model
-        groups = group_engines(
-            m.profiles, m.capacity_rps, m.eligible, m.network_latency_s, health=self.health.health
-        )
+        if refit:  # the matrices are the model's own, unchanged: keep their locations
+            groups = group_engines(
+                m.profiles, m.capacity_rps, m.eligible, m.network_latency_s,
+                health=self.health.health, location_of_engine=m.groups.location_of_engine,
+            )  # fmt: skip
+        else:  # a level change keeps membership: skip the classes × engines key build
+            groups = m.groups.with_health(m.capacity_rps, self.health.health)
         self.model = replace(m, groups=groups)
         return changes
 

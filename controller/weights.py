@@ -38,6 +38,7 @@ __all__ = [
     "class_weights",
     "churn",
     "engine_weights",
+    "region_engine_weights",
     "shed_at_demand",
     "table_anchor",
     "validate_weights",
@@ -104,11 +105,48 @@ def engine_weights(group_weights: npt.ArrayLike, groups: EngineGroups) -> FloatA
     renormalised.
     """
     wg = np.asarray(group_weights, dtype=np.float64)
-    w = groups.split(wg)
-    total = w.sum(axis=1, keepdims=True)
-    out = np.zeros_like(w)
-    np.divide(w, total, out=out, where=total > 0)
-    return out
+    return groups.split(_normalised_group_rows(wg, groups))
+
+
+def _normalised_group_rows(wg: FloatArray, groups: EngineGroups) -> FloatArray:
+    """Group rows that split into engine rows summing to 1 (or 0).
+
+    Normalise on the (classes × groups) rows, then gather to engines: the members' shares of a
+    group with capacity sum to 1, so a row's engine sum is its weight on such groups (one pass
+    over the dense classes × engines matrix instead of three).
+    """
+    if wg.ndim != 2 or wg.shape[1] != groups.n_groups:
+        raise ValueError(f"expected (n_classes, {groups.n_groups}) group rows, got {wg.shape}")
+    wg = np.where(groups.capacity_rps > 0, wg, 0.0)
+    total = wg.sum(axis=1, keepdims=True)
+    return np.divide(wg, total, out=np.zeros_like(wg), where=total > 0)
+
+
+def region_engine_weights(
+    group_weights: npt.ArrayLike,
+    groups: EngineGroups,
+    class_rows: npt.ArrayLike,
+    engine_cols: npt.ArrayLike,
+) -> FloatArray:
+    """The block ``engine_weights(group_weights, groups)[class_rows][:, engine_cols]``, built
+    without the dense classes × engines matrix.
+
+    A region's table needs only its own classes' rows and the engines they may use; at
+    100 regions × 10 000 engines × 50 classes per region that block is 50 × 400 against the
+    5 000 × 10 000 whole (docs/controller.md, "Plan at scale"). ``engine_cols`` must hold every
+    engine the rows may use (e.g. their eligible engines), or the block's rows do not sum to 1.
+    """
+    rows = np.asarray(class_rows, dtype=np.intp)
+    cols = np.asarray(engine_cols, dtype=np.intp)
+    wg = np.asarray(group_weights, dtype=np.float64)
+    if wg.ndim != 2:
+        raise ValueError(f"expected (n_classes, {groups.n_groups}) group rows, got {wg.shape}")
+    wg = _normalised_group_rows(wg[rows], groups)  # per row, so only the region's rows
+    gid = groups.group_of_engine[cols]
+    gcap = groups.capacity_rps[gid]
+    eff = groups.engine_capacity_rps[cols]
+    share = np.divide(eff, gcap, out=np.zeros_like(gcap), where=gcap > 0)
+    return wg[:, gid] * share
 
 
 def validate_weights(

@@ -21,6 +21,7 @@ from controller.planner import (
     Planner,
     PlanningError,
     make_planner,
+    use_sifting,
 )
 from controller.service import ControllerService
 from controller.solve import SolveError
@@ -190,3 +191,14 @@ def test_a_planning_error_keeps_the_last_table(shm_name: str) -> None:
             svc.close()
 
     run(main())
+
+
+def test_sifting_only_when_classes_may_use_more_than_its_first_working_set() -> None:
+    """Residency-bound classes (12 of 300 groups each) solve whole; wide classes sift."""
+    n_classes, n_groups = 5000, 300
+    narrow = np.zeros((n_classes, n_groups), dtype=bool)
+    narrow[:, :12] = True
+    assert not use_sifting(narrow)
+    wide = np.ones((50, 500), dtype=bool)
+    assert use_sifting(wide)
+    assert not use_sifting(np.ones((10, 100), dtype=bool))  # below SIFTING_MIN_PAIRS

@@ -11,6 +11,7 @@ from controller.weights import (
     churn,
     class_weights,
     engine_weights,
+    region_engine_weights,
     shed_at_demand,
     table_anchor,
     validate_weights,
@@ -102,3 +103,50 @@ def test_shed_at_demand_admits_the_routed_rate_out_of_the_live_demand() -> None:
         shed_at_demand(x, shed, [1.0, -1.0, 1.0])
     with pytest.raises(ValueError):
         shed_at_demand(x, shed[:2], live)
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_engine_weights_match_split_then_normalise(seed: int) -> None:
+    """The one-gather path gives the rows of splitting first and normalising engine rows after."""
+    rng = np.random.default_rng(seed)
+    shapes = [LatencyProfile.seed(0.1, 0.01), LatencyProfile.seed(0.05, 0.006)]
+    n_e = 30
+    region = rng.integers(0, 3, n_e)
+    health = np.where(rng.random(n_e) < 0.3, 0.0, 1.0)
+    groups = group_engines(
+        [shapes[i % 2] for i in range(n_e)],
+        rng.choice([8.0, 12.0], n_e),
+        rng.random((5, 3))[:, region] < 0.8,
+        rng.uniform(0.002, 0.1, (5, 3))[:, region],
+        health=health,
+    )
+    wg = rng.random((5, groups.n_groups)) * (rng.random((5, groups.n_groups)) < 0.6)
+    split = groups.split(wg)
+    total = split.sum(axis=1, keepdims=True)
+    expected = np.divide(split, total, out=np.zeros_like(split), where=total > 0)
+    np.testing.assert_allclose(engine_weights(wg, groups), expected, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="group rows"):
+        engine_weights(wg[:, :-1], groups)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_region_engine_weights_is_the_block_of_the_dense_rows(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    shapes = [LatencyProfile.seed(0.1, 0.01), LatencyProfile.seed(0.05, 0.006)]
+    n_e = 30
+    region = rng.integers(0, 3, n_e)
+    elig = rng.random((6, 3))[:, region] < 0.8
+    groups = group_engines(
+        [shapes[i % 2] for i in range(n_e)],
+        rng.choice([8.0, 12.0], n_e),
+        elig,
+        rng.uniform(0.002, 0.1, (6, 3))[:, region],
+        health=np.where(rng.random(n_e) < 0.3, 0.0, 1.0),
+    )
+    wg = rng.random((6, groups.n_groups)) * groups.eligible
+    rows = np.array([1, 4, 5])
+    cols = np.flatnonzero(elig[rows].any(axis=0))
+    block = region_engine_weights(wg, groups, rows, cols)
+    np.testing.assert_allclose(block, engine_weights(wg, groups)[np.ix_(rows, cols)], atol=1e-12)
+    sums = block.sum(axis=1)
+    assert np.all(np.isclose(sums, 1.0) | (sums == 0.0))

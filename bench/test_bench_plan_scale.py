@@ -1,0 +1,29 @@
+"""Smoke of the plan-at-scale benchmark (bench/bench_plan_scale.py) at a tiny size.
+
+The figures come from the script (docs/controller.md, "Plan at scale"); this proves its periods
+still run and that a region's own table is the block of the dense rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+from bench_plan_scale import RunSpec, periods
+
+
+@pytest.mark.benchmark(group="plan-scale")
+def test_plan_scale_tiny_periods(benchmark) -> None:
+    """Cold + one warm period at 4 regions × 120 engines × 3 classes per region."""
+    spec = RunSpec(4, 120, 3, warm_periods=1)
+    fleet, lp, ps = benchmark.pedantic(lambda: periods(spec), rounds=3, iterations=1)
+    assert [p["status"] for p in ps] == ["Optimal", "Optimal"]
+    assert ps[1]["warm"] and ps[1]["n_groups"] == 12
+    # home region + 3 nearest of 4: every engine is eligible, so the two region tables agree
+    assert ps[1]["table_eligible_cols_bytes_per_region"] == ps[1]["table_bytes_per_region"]
+    benchmark.extra_info.update(warm_plan_s=ps[1]["plan_region_direct_s"])
+
+
+def test_plan_scale_region_table_is_smaller_than_all_engines() -> None:
+    """With residency to 4 of 12 regions a region's table covers a third of the engines."""
+    _, _, ps = periods(RunSpec(12, 360, 2, warm_periods=1))
+    p = ps[1]
+    assert p["table_eligible_cols_bytes_per_region"] < 0.5 * p["table_bytes_per_region"]
