@@ -165,11 +165,11 @@ async def main(args: argparse.Namespace) -> dict:
     samples: list[ResourceSample] = []
     with run.procs:
         await run.start()
-        gauges = [("proxy-worker", run.proxy_url, "fastroute_proxy_in_flight")]
-        gauges += [(f"engine-e{k}", run._engine_url(k), "vllm:num_requests_waiting")
+        gauges = [("proxy-worker", 0, run.proxy_url, "fastroute_proxy_in_flight")]
+        gauges += [(f"engine-e{k}", 0, run._engine_url(k), "vllm:num_requests_waiting")
                    for k in range(run.options.engines)]  # fmt: skip
         t0 = time.monotonic()
-        sampler = asyncio.create_task(sample_forever(run.pids, gauges, samples, t0, 5.0))
+        sampler = asyncio.create_task(sample_forever(run.pids, lambda: gauges, samples, t0, 5.0))
         rate = args.load * per_engine * run.options.engines
         offer = asyncio.create_task(_offer(run.proxy_url, rate, args.duration_s, args.seed))
         await asyncio.sleep(args.duration_s * 0.8)

@@ -77,6 +77,10 @@ class ChaosOptions:
     warmup_s, gap_s : float
         Calm before the first fault (the controller's first plans, warm engines) and between
         two faults (the fleet recovers: engines restarted, ejections expired).
+    fresh_connections : bool
+        Each request on a new connection (the soak: connections churn, and the proxy's
+        ``SO_REUSEPORT`` spreads them over the workers; a few long-lived keep-alive
+        connections can all land on one worker and stay there).
     sample_interval_s : float or None
         The soak: sample every process's RSS, open fds and event-loop tasks this often, and
         fit their slopes (:mod:`fastroute.fleetbench.soak`); None: no sampling.
@@ -90,6 +94,7 @@ class ChaosOptions:
     kinds: tuple[str, ...] = FAULT_KINDS
     warmup_s: float = 20.0
     gap_s: float = 10.0
+    fresh_connections: bool = False
     sample_interval_s: float | None = None
 
 
@@ -270,7 +275,8 @@ async def _clients(run: ChaosRun, t0: float, stop: asyncio.Event) -> list[Outcom
     timeout = aiohttp.ClientTimeout(total=120.0)
 
     async def client() -> None:
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        connector = aiohttp.TCPConnector(force_close=run.options.fresh_connections)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
             while not stop.is_set():
                 outcomes.append(await run_request(http, target, next(counter), t0))
 
@@ -348,10 +354,16 @@ def markdown(summary: dict) -> str:
 def _sampler(run: ChaosRun, t0: float, out: list[ResourceSample]) -> asyncio.Task | None:
     if run.options.sample_interval_s is None:
         return None
-    gauges = [
-        ("proxy-worker", run.proxy_url, "fastroute_proxy_asyncio_tasks"),
-        ("controller", run.controller_url, "fastroute_controller_asyncio_tasks"),
-    ]
+
+    def gauges() -> list[tuple[str, int, str, str]]:
+        ctl = run.controller
+        now = [("proxy-worker", 0, run.proxy_url, "fastroute_proxy_asyncio_tasks")]
+        if ctl is not None and ctl.alive:
+            now.append(
+                ("controller", ctl.pid, run.controller_url, "fastroute_controller_asyncio_tasks")
+            )
+        return now
+
     return asyncio.create_task(
         sample_forever(run.pids, gauges, out, t0, run.options.sample_interval_s)
     )

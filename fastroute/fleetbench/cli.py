@@ -70,7 +70,8 @@ def _add_chaos(sub: argparse._SubParsersAction) -> None:
     chaos.add_argument(
         "--soak", action="store_true",
         help="sample every process's RSS, fds and event-loop tasks every 10 s and fit their "
-        "slopes (use with a long --duration-s and a large --gap-s: faults at a low rate)",
+        "slopes; each request on a new connection (use with a long --duration-s and a large "
+        "--gap-s: faults at a low rate)",
     )  # fmt: skip
     chaos.add_argument("--out", default="bench-results/chaos", help="output directory")
 
@@ -86,6 +87,7 @@ def _chaos(args: argparse.Namespace) -> int:
         duration_s=args.duration_s, seed=args.seed, engines=args.engines,
         concurrency=args.concurrency, max_tokens=args.max_tokens, kinds=tuple(args.kinds),
         gap_s=args.gap_s, sample_interval_s=10.0 if args.soak else None,
+        fresh_connections=args.soak,
     )  # fmt: skip
     try:
         summary = asyncio.run(run_chaos(options, Path(args.out)))

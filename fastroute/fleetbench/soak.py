@@ -36,8 +36,11 @@ __all__ = [
     "sample_forever",
 ]
 
-#: Share of a series dropped at its start before the fit (warm-up growth is not a leak).
-WARMUP_FRACTION = 0.2
+#: Share of a series dropped at its start before the fit: bounded caches fill first (the
+#: proxy's decision-record ring holds 4096 requests per worker, full after 8.5 minutes at
+#: 8 req/s per worker), and growth up to a bound is not a leak. A 30-minute soak fits the
+#: last 15 minutes.
+WARMUP_FRACTION = 0.5
 #: A series must cover this share of the run to be fitted (restarted processes are short).
 MIN_SPAN_FRACTION = 0.5
 #: Fitted growth over the series, relative to its mean, below which a slope is immaterial.
@@ -88,7 +91,7 @@ async def _gauge(http: aiohttp.ClientSession, url: str, name: str) -> float | No
 
 async def sample_forever(
     processes: Callable[[], Iterable[tuple[str, int]]],
-    task_gauges: Iterable[tuple[str, str, str]],
+    task_gauges: Callable[[], Iterable[tuple[str, int, str, str]]],
     out: list[ResourceSample],
     t0: float,
     interval_s: float = 10.0,
@@ -99,11 +102,11 @@ async def sample_forever(
     ----------
     processes : callable
         The (role, pid) pairs alive now (called at each sample, so restarts are followed).
-    task_gauges : iterable of (role, url, metric)
-        Gauges to read from ``/metrics`` (an event loop's task count, a queue length); the
-        sample's resource is the metric's name.
+    task_gauges : callable
+        The gauges to read from ``/metrics`` now, as (role, pid, url, metric): an event loop's
+        task count, a queue length. The sample's resource is the metric's name; pid 0 when the
+        answering process is not known (a worker behind a shared port).
     """
-    gauges = list(task_gauges)
     timeout = aiohttp.ClientTimeout(total=5.0)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         while True:
@@ -111,10 +114,10 @@ async def sample_forever(
             for role, pid in processes():
                 for resource, value in (proc_resources(pid) or {}).items():
                     out.append(ResourceSample(t, role, pid, resource, value))
-            for role, url, metric in gauges:
+            for role, pid, url, metric in task_gauges():
                 value = await _gauge(http, url, metric)
                 if value is not None:
-                    out.append(ResourceSample(t, role, 0, metric, value))
+                    out.append(ResourceSample(t, role, pid, metric, value))
             await asyncio.sleep(interval_s)
 
 
