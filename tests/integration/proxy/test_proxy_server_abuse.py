@@ -246,9 +246,7 @@ def background_port() -> Iterator[int]:
     thread.join(10)
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=st.lists(st.sampled_from(_TOKENS) | st.binary(max_size=8), max_size=40))
 def test_generated_requests_never_get_a_5xx(background_port: int, parts: list[bytes]) -> None:
     """Requests assembled from HTTP fragments and random bytes: no response is a 5xx
