@@ -21,7 +21,11 @@ from fastroute.proxy.path.routing_key import estimate_prompt_tokens, routing_key
 PARSERS = (parse_chat, parse_completion, parse_responses, parse_messages, parse_embeddings)
 
 _json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
     lambda inner: (
         st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
     ),
