@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,8 +56,12 @@ def run_target(name: str, runs: int, seconds: int, timeout_s: int) -> dict[str, 
         crashes = [p.name for p in artifacts.glob("crash-*")]
         hangs = [p.name for p in artifacts.glob("timeout-*")]
         cov = re.findall(rb"cov: (\d+)", out)
-        if crashes or (proc.returncode and not hangs):
+        if crashes or hangs or proc.returncode:
             sys.stderr.write(out.decode(errors="replace")[-4000:])
+            kept = Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-artifacts-"))
+            for artifact in artifacts.iterdir():
+                shutil.copy(artifact, kept)
+            sys.stderr.write(f"{name}: crash/hang inputs kept in {kept}\n")
         return {
             "target": name,
             "tried": tried,

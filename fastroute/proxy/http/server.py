@@ -9,7 +9,8 @@ is a :class:`~fastroute.proxy.proxy_app.ProxyApp`, started before the server.
 Behaviour
 ---------
 * Keep-alive (HTTP/1.1 default; HTTP/1.0 connections close after one response). An idle
-  connection (no complete request) is closed after ``keepalive_s``.
+  connection (no complete request) is closed after ``keepalive_s``; one whose request head
+  has been trickling in for ``limits.header_timeout_s`` is closed too (slowloris).
 * Pipelining: requests on one connection are answered in order, one at a time; at most
   :data:`MAX_PIPELINED` wait, then reading pauses.
 * Body limit: a body over ``limits.max_body_bytes`` (the audio endpoints:
@@ -269,6 +270,7 @@ class _Connection(asyncio.Protocol):
         #: Called when the transport drained (a spliced relay resumes its engine).
         self.writable_callback: Callable[[], None] | None = None
         self.head_received = 0
+        self.head_started = 0.0  # loop time of a pending head's first byte
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -332,6 +334,8 @@ class _Connection(asyncio.Protocol):
         # Bytes received while a request's head is incomplete (httptools buffers a
         # partial header without bound): at most one read beyond MAX_HEADER_BYTES.
         counting = self.in_head
+        if counting and self.head_received == 0:
+            self.head_started = self.loop.time()
         try:
             self.parser.feed_data(data)
             if counting and self.in_head:
@@ -588,7 +592,7 @@ class LeanServer:
         self._server = await self.loop.create_server(
             lambda: _Connection(self), host, port, reuse_port=reuse_port, backlog=1024
         )
-        self._sweeper = self.loop.call_later(self._sweep_s, self._sweep)
+        self._sweeper = self.loop.call_later(self._next_sweep_s(), self._sweep)
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
@@ -599,11 +603,21 @@ class LeanServer:
             self._all_closed.set()
 
     def _sweep(self) -> None:
-        cutoff = self.loop.time() - self.keepalive_s
+        now = self.loop.time()
+        cutoff = now - self.keepalive_s
+        head_cutoff = now - self.app.context.config.limits.header_timeout_s
         for conn in list(self.connections):
-            if 0.0 <= conn.idle_since < cutoff and conn.task is None:
+            if conn.task is not None:
+                continue
+            if 0.0 <= conn.idle_since < cutoff:
                 conn.transport.close()
-        self._sweeper = self.loop.call_later(self._sweep_s, self._sweep)
+            elif conn.in_head and conn.head_received and conn.head_started < head_cutoff:
+                conn.transport.close()  # slowloris: a head trickling in past its bound
+        self._sweeper = self.loop.call_later(self._next_sweep_s(), self._sweep)
+
+    def _next_sweep_s(self) -> float:
+        """Seconds to the next sweep: both bounds are checked at half their length."""
+        return min(self._sweep_s, self.app.context.config.limits.header_timeout_s / 2)
 
     async def drain(self, timeout_s: float) -> None:
         """Stop listening; let busy connections finish their current response.

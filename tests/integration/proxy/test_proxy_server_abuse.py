@@ -257,36 +257,41 @@ def test_generated_requests_never_get_a_5xx(background_port: int, parts: list[by
     assert _exchange(background_port, health)[0] == [200]
 
 
-def test_slowloris_head_is_cut_off_by_the_keepalive_bound(h: Harness) -> None:
-    """A client trickling a request head one byte at a time, never finishing it, is
-    closed once ``keepalive_s`` has passed since its connection was last idle-stamped:
-    the head-read time is bounded even though bytes keep arriving."""
+async def _trickle_until_closed(port: int, limit_s: float) -> float | None:
+    """Send a head one byte every 0.1 s, never finishing it: seconds until the server
+    closed the connection (None if it did not within ``limit_s``)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    try:
+        while loop.time() - start < limit_s:
+            with contextlib.suppress(asyncio.TimeoutError):
+                if await asyncio.wait_for(reader.read(1), 0.1) == b"":
+                    return loop.time() - start
+            writer.write(b"a")
+            await writer.drain()
+    except ConnectionError:
+        return loop.time() - start
+    finally:
+        writer.close()
+    return None
+
+
+def test_slowloris_head_is_cut_off_by_header_timeout(h: Harness) -> None:
+    """A client trickling a request head, never finishing it, is closed once
+    ``limits.header_timeout_s`` has passed (checked every half of it), although bytes
+    keep arriving and the keep-alive bound (75 s) is far away."""
 
     async def main() -> None:
-        config = decode_config(config_toml(["http://127.0.0.1:9"]), source="t.toml")
-        async with serve_proxy(config, keepalive_s=0.5) as (_, url, server):
-            reader, writer = await asyncio.open_connection("127.0.0.1", _port(url))
-            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-            loop = asyncio.get_running_loop()
-            start = loop.time()
-            closed_after_s = None
-            for _ in range(100):  # 10 s of trickling at most
-                await asyncio.sleep(0.1)
-                if reader.at_eof() or writer.is_closing():
-                    closed_after_s = loop.time() - start
-                    break
-                try:
-                    writer.write(b"a")
-                    await writer.drain()
-                except ConnectionError:
-                    closed_after_s = loop.time() - start
-                    break
-                with contextlib.suppress(asyncio.TimeoutError):
-                    if await asyncio.wait_for(reader.read(1), 0.01) == b"":
-                        closed_after_s = loop.time() - start
-                        break
-            writer.close()
-            assert closed_after_s is not None and closed_after_s < 5.0, closed_after_s
+        extra = "[limits]\nheader_timeout_s = 0.5\n"
+        config = decode_config(config_toml(["http://127.0.0.1:9"], extra), source="t.toml")
+        async with serve_proxy(config) as (_, url, server):
+            closed_after_s = await _trickle_until_closed(_port(url), limit_s=10.0)
+            assert closed_after_s is not None and 0.4 < closed_after_s < 2.0, closed_after_s
             await h.wait_until(lambda: not server.connections)
+            # A head sent whole is not affected.
+            statuses, _ = await _exchange_async(_port(url), b"GET /health HTTP/1.1\r\n\r\n")
+            assert statuses == [200]
 
     h.run(main())
