@@ -10,7 +10,8 @@ Behaviour
 ---------
 * Keep-alive (HTTP/1.1 default; HTTP/1.0 connections close after one response). An idle
   connection (no complete request) is closed after ``keepalive_s``; one whose request head
-  has been trickling in for ``limits.header_timeout_s`` is closed too (slowloris).
+  has been trickling in for ``limits.header_timeout_s`` is closed too (slowloris), and one
+  whose client read nothing for ``limits.write_stall_timeout_s`` is dropped.
 * Pipelining: requests on one connection are answered in order, one at a time; at most
   :data:`MAX_PIPELINED` wait, then reading pauses.
 * Body limit: a body over ``limits.max_body_bytes`` (the audio endpoints:
@@ -266,6 +267,7 @@ class _Connection(asyncio.Protocol):
         self.lost = False
         self.write_paused = False
         self.reading_paused = False
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._writable: asyncio.Future[None] | None = None
         #: Called when the transport drained (a spliced relay resumes its engine).
         self.writable_callback: Callable[[], None] | None = None
@@ -300,6 +302,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
         self.server.forget(self)
         self.pending.clear()
         if self.task is not None:
@@ -310,9 +314,23 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+        stall_s = self.server.app.context.config.limits.write_stall_timeout_s
+        self._stall_timer = self.loop.call_later(stall_s, self._stalled)
+
+    def _stalled(self) -> None:
+        """The client read nothing for ``limits.write_stall_timeout_s``: drop it (abort,
+        a close would wait for the buffer to flush); ``connection_lost`` cancels its task."""
+        self._stall_timer = None
+        if self.write_paused and not self.lost:
+            self.transport.abort()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         if self.writable_callback is not None:
             self.writable_callback()
         waiter = self._writable

@@ -295,3 +295,41 @@ def test_slowloris_head_is_cut_off_by_header_timeout(h: Harness) -> None:
             assert statuses == [200]
 
     h.run(main())
+
+
+def test_client_that_never_reads_is_paused_then_dropped(h: Harness) -> None:
+    """A client that sends a streamed request and never reads: the proxy pauses (its
+    write buffer stays bounded) and, once its buffer stayed full for
+    ``limits.write_stall_timeout_s``, drops the connection (and the engine stream)
+    instead of holding both forever."""
+    from test_proxy_server import _post, _sse_engine
+
+    async def main() -> None:
+        sent = [0]
+        writers: list[asyncio.StreamWriter] = []
+        engine, engine_url = await _sse_engine(64 * 1024 * 1024, sent, writers)
+        extra = "[limits]\nwrite_stall_timeout_s = 1.0\n"
+        config = decode_config(config_toml([engine_url], extra), source="t.toml")
+        try:
+            async with serve_proxy(config) as (_, url, server):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+                sock.connect(("127.0.0.1", _port(url)))
+                sock.setblocking(False)
+                _, writer = await asyncio.open_connection(sock=sock)
+                writer.write(_post(json.dumps(json.loads(_CHAT) | {"stream": True}).encode()))
+                await h.wait_until(lambda: any(c.write_paused for c in server.connections), 10.0)
+                conn = next(c for c in server.connections if c.write_paused)
+                assert conn.transport.get_write_buffer_size() <= 1024 * 1024
+                start = asyncio.get_running_loop().time()
+                await h.wait_until(lambda: conn.lost, timeout=20.0)
+                assert asyncio.get_running_loop().time() - start < 5.0
+                assert sent[0] < 64 * 1024 * 1024 // 2
+                # the engine's stream was closed too
+                await h.wait_until(lambda: writers[0].is_closing(), timeout=10.0)
+                writer.close()
+        finally:
+            engine.close()
+            await engine.wait_closed()
+
+    h.run(main(), timeout=60.0)
