@@ -679,11 +679,25 @@ class LimitsConfig(_Section):
     max_concurrent_requests : int
         Requests in flight per proxy worker process; beyond it requests queue for
         admission (``admission.max_queue_len``).
+    header_timeout_s : float
+        Longest a client may take to send one request's line and headers, seconds, once
+        its first byte arrived; past it the connection is closed (slowloris). A client
+        sends a head of a few KB in one write, well under a round trip; 10 s is above any
+        real link's RTT and holds a trickling connection 10-15 s (the server checks every
+        ``header_timeout_s / 2``) instead of the 75 s keep-alive bound.
+    write_stall_timeout_s : float
+        Longest the proxy's write buffer to a client may stay full (the client reads
+        nothing), seconds; past it the connection is dropped and its request cancelled
+        (the engine stream is closed). A client that reads drains its socket in well under
+        a second; the default equals ``timeouts.idle_timeout_s``, the bound an engine gets
+        for the same silence.
     """
 
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 8 * 1024 * 1024
     max_audio_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 32 * 1024 * 1024
     max_concurrent_requests: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 4096
+    header_timeout_s: Annotated[float, msgspec.Meta(ge=0.1, le=600.0)] = 10.0
+    write_stall_timeout_s: Annotated[float, msgspec.Meta(ge=0.1, le=3600.0)] = 30.0
 
 
 class ProxyConfig(_Section):

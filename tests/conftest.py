@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 from fastroute import _core
 from fastroute.tables.segment import shm_dir
@@ -47,6 +48,17 @@ def shm_name() -> Iterator[str]:
 def azure_csv():
     """``azure_csv(path, rows, gap_s=, prompt=, out=)``: write a small Azure-format trace."""
     return write_azure_csv
+
+
+# Property tests: a fast bounded profile in the normal suite; `--hypothesis-profile fuzz`
+# for a long run (docs/failure-handling.md, "Fuzzing").
+settings.register_profile(
+    "fastroute", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "fuzz", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("fastroute")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

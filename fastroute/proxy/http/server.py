@@ -9,7 +9,9 @@ is a :class:`~fastroute.proxy.proxy_app.ProxyApp`, started before the server.
 Behaviour
 ---------
 * Keep-alive (HTTP/1.1 default; HTTP/1.0 connections close after one response). An idle
-  connection (no complete request) is closed after ``keepalive_s``.
+  connection (no complete request) is closed after ``keepalive_s``; one whose request head
+  has been trickling in for ``limits.header_timeout_s`` is closed too (slowloris), and one
+  whose client read nothing for ``limits.write_stall_timeout_s`` is dropped.
 * Pipelining: requests on one connection are answered in order, one at a time; at most
   :data:`MAX_PIPELINED` wait, then reading pauses.
 * Body limit: a body over ``limits.max_body_bytes`` (the audio endpoints:
@@ -265,10 +267,12 @@ class _Connection(asyncio.Protocol):
         self.lost = False
         self.write_paused = False
         self.reading_paused = False
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._writable: asyncio.Future[None] | None = None
         #: Called when the transport drained (a spliced relay resumes its engine).
         self.writable_callback: Callable[[], None] | None = None
         self.head_received = 0
+        self.head_started = 0.0  # loop time of a pending head's first byte
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -298,6 +302,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
         self.server.forget(self)
         self.pending.clear()
         if self.task is not None:
@@ -308,9 +314,23 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+        stall_s = self.server.app.context.config.limits.write_stall_timeout_s
+        self._stall_timer = self.loop.call_later(stall_s, self._stalled)
+
+    def _stalled(self) -> None:
+        """The client read nothing for ``limits.write_stall_timeout_s``: drop it (abort,
+        a close would wait for the buffer to flush); ``connection_lost`` cancels its task."""
+        self._stall_timer = None
+        if self.write_paused and not self.lost:
+            self.transport.abort()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         if self.writable_callback is not None:
             self.writable_callback()
         waiter = self._writable
@@ -332,6 +352,8 @@ class _Connection(asyncio.Protocol):
         # Bytes received while a request's head is incomplete (httptools buffers a
         # partial header without bound): at most one read beyond MAX_HEADER_BYTES.
         counting = self.in_head
+        if counting and self.head_received == 0:
+            self.head_started = self.loop.time()
         try:
             self.parser.feed_data(data)
             if counting and self.in_head:
@@ -588,7 +610,7 @@ class LeanServer:
         self._server = await self.loop.create_server(
             lambda: _Connection(self), host, port, reuse_port=reuse_port, backlog=1024
         )
-        self._sweeper = self.loop.call_later(self._sweep_s, self._sweep)
+        self._sweeper = self.loop.call_later(self._next_sweep_s(), self._sweep)
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
@@ -599,11 +621,21 @@ class LeanServer:
             self._all_closed.set()
 
     def _sweep(self) -> None:
-        cutoff = self.loop.time() - self.keepalive_s
+        now = self.loop.time()
+        cutoff = now - self.keepalive_s
+        head_cutoff = now - self.app.context.config.limits.header_timeout_s
         for conn in list(self.connections):
-            if 0.0 <= conn.idle_since < cutoff and conn.task is None:
+            if conn.task is not None:
+                continue
+            if 0.0 <= conn.idle_since < cutoff:
                 conn.transport.close()
-        self._sweeper = self.loop.call_later(self._sweep_s, self._sweep)
+            elif conn.in_head and conn.head_received and conn.head_started < head_cutoff:
+                conn.transport.close()  # slowloris: a head trickling in past its bound
+        self._sweeper = self.loop.call_later(self._next_sweep_s(), self._sweep)
+
+    def _next_sweep_s(self) -> float:
+        """Seconds to the next sweep: both bounds are checked at half their length."""
+        return min(self._sweep_s, self.app.context.config.limits.header_timeout_s / 2)
 
     async def drain(self, timeout_s: float) -> None:
         """Stop listening; let busy connections finish their current response.

@@ -40,6 +40,7 @@ from fastroute.proxy.path.requests import (
     FileRef,
     Message,
     _error,
+    too_deep_error,
 )
 
 __all__ = ["ResponsesChat", "parse_responses", "parse_messages"]
@@ -147,6 +148,8 @@ def parse_responses(body: bytes) -> ResponsesChat:
         req = _responses_decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise _error(exc) from None
+    except RecursionError:
+        raise too_deep_error() from None
     messages = []
     if req.instructions:
         messages.append(Message(role="system", content=req.instructions))
@@ -210,6 +213,8 @@ def parse_messages(body: bytes) -> ChatRequest:
         req = _messages_decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise _error(exc) from None
+    except RecursionError:
+        raise too_deep_error() from None
     messages = []
     system = _system_text(req.system)
     if system:

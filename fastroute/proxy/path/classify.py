@@ -23,6 +23,7 @@ from fastroute.proxy.path.requests import (
     RequestParseError,
     parse_chat,
     parse_completion,
+    too_deep_error,
 )
 from fastroute.proxy.path.slo import request_slos
 
@@ -85,6 +86,8 @@ def parse_embeddings(body: bytes) -> CompletionRequest:
         req = _embedding_decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise RequestParseError(f"Invalid request body: {exc}", None) from None
+    except RecursionError:
+        raise too_deep_error() from None
     # An empty prompt makes routing_key fall through to user, then the request id:
     # embeddings have no KV cache to be sticky to.
     return CompletionRequest(model=req.model, user=req.user, prompt="")

@@ -212,7 +212,7 @@ def continuation_body(
     tokens): (the body, None), or (None, why it is not migrated)."""
     try:
         decoded = _decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None, NOT_MIGRATED["body"]
     if not isinstance(decoded, dict):
         return None, NOT_MIGRATED["body"]

@@ -35,7 +35,7 @@ import msgspec
 
 from fastroute.config import Config
 from fastroute.proxy.path.multipart import MultipartError, form_field
-from fastroute.proxy.path.requests import CompletionRequest, RequestParseError
+from fastroute.proxy.path.requests import CompletionRequest, RequestParseError, too_deep_error
 
 __all__ = [
     "Endpoint",
@@ -77,6 +77,8 @@ def parse_json_model(body: bytes, headers: Mapping[str, str]) -> CompletionReque
         req = _model_decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise RequestParseError(f"Invalid request body: {exc}", None) from None
+    except RecursionError:
+        raise too_deep_error() from None
     return CompletionRequest(model=req.model, user=req.user, prompt="")
 
 

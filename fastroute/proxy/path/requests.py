@@ -45,6 +45,7 @@ __all__ = [
     "ParsedRequest",
     "parse_chat",
     "parse_completion",
+    "too_deep_error",
 ]
 
 
@@ -187,6 +188,16 @@ def _error(exc: msgspec.DecodeError) -> RequestParseError:
     return RequestParseError(f"Invalid request body: {text}", None)
 
 
+def too_deep_error() -> RequestParseError:
+    """The 400 for a body nested past the decoder's recursion limit.
+
+    msgspec (like ``json``) decodes recursively, even while skipping an unknown field,
+    so ``[[[...]]]`` 100,000 deep raises ``RecursionError``; that is the client's input,
+    not a proxy fault. Catching it costs nothing per request, unlike a depth pre-scan.
+    """
+    return RequestParseError("Invalid request body: JSON nested too deeply", None)
+
+
 def _check_prompt(req: CompletionRequest) -> None:
     prompt = req.prompt
     if isinstance(prompt, str) or not prompt:
@@ -209,12 +220,15 @@ def parse_chat(body: bytes | bytearray | memoryview | str) -> ChatRequest:
     Raises
     ------
     RequestParseError
-        Malformed JSON, a field of the wrong type, or ``messages`` missing.
+        Malformed JSON, nested too deeply, a field of the wrong type, or ``messages``
+        missing.
     """
     try:
         return _chat_decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise _error(exc) from None
+    except RecursionError:
+        raise too_deep_error() from None
 
 
 def parse_completion(body: bytes | bytearray | memoryview | str) -> CompletionRequest:
@@ -229,5 +243,7 @@ def parse_completion(body: bytes | bytearray | memoryview | str) -> CompletionRe
         req = _completion_decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise _error(exc) from None
+    except RecursionError:
+        raise too_deep_error() from None
     _check_prompt(req)
     return req
