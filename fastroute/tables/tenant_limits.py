@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,11 @@ _HEADER = struct.Struct("<QII")  # magic, version, n_tenants
 _HEADER_SIZE = 64
 _SLOT_SIZE = 320  # 3 words per sub-window + in-flight, padded to whole cache lines
 _IN_FLIGHT = 8 * 3 * WINDOWS
+
+
+def tenant_block_name(stats_name: str) -> str:
+    """The segment name of the tenant block that goes with stats block ``stats_name``."""
+    return f"{stats_name}.tenants"
 
 
 def _window_no(now_s: float) -> int:
@@ -160,6 +166,20 @@ class TenantLimitBlock:
         block = cls(name, path, fd, mm, n_tenants)
         block._lock = lock
         return block
+
+    @classmethod
+    def private(cls, n_tenants: int) -> TenantLimitBlock:
+        """A block of this process alone (an unnamed, already unlinked file): the
+        workers' fallback when the host's block cannot be attached."""
+        if not 1 <= n_tenants <= MAX_TENANTS:
+            raise TableValueError(f"n_tenants must be in 1..{MAX_TENANTS}, got {n_tenants}")
+        fd, path = tempfile.mkstemp(prefix="fastroute-tenants-")
+        os.unlink(path)
+        size = cls.segment_size(n_tenants)
+        os.ftruncate(fd, size)
+        mm = map_segment(fd, size, writable=True)
+        _HEADER.pack_into(mm, 0, _MAGIC, _VERSION, n_tenants)
+        return cls("", Path(path), fd, mm, n_tenants)
 
     @classmethod
     def attach(cls, name: str) -> TenantLimitBlock:

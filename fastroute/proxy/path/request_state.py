@@ -90,6 +90,8 @@ class RequestState:
         (:mod:`~fastroute.proxy.path.api_endpoints`); None for the other kinds.
     migration : Migration or None
         The stream's mid-stream migration state (None: it is never migrated).
+    tenant_admission : TenantAdmission or None
+        The tenant-limit charge to give back when the request ends (None: not counted).
     """
 
     request: Any
@@ -120,3 +122,4 @@ class RequestState:
     meter_type: Callable[[bool], StreamMeter] = StreamMeter
     api: Any = None
     migration: Migration | None = None
+    tenant_admission: Any = None
