@@ -61,6 +61,8 @@ def test_the_controller_share_replaces_the_static_split(limiter: TenantLimiter) 
     got = _admit_all(limiter, "a", 3)
     assert [isinstance(g, TenantAdmission) for g in got] == [True, True, False]
     assert b"requests per minute" in got[2].body
+    for g in got[:2]:
+        limiter.finish(g, used_tokens=None)
     limiter.follow(8, {})  # the controller stopped publishing shares: back to the split
     assert isinstance(limiter.admit("a", 10), TenantAdmission)
 
