@@ -82,7 +82,7 @@ def test_bad_input_and_ownership(block, shm_name) -> None:
 
 
 def test_two_processes_share_one_limit(block, shm_name) -> None:
-    """Two processes racing 3000 attempts each under one 1000/min limit admit 1000 in all."""
+    """Two processes trying 3000 admissions each under one 1000/min limit admit 1000 in all."""
     queue, start = SPAWN.Queue(), SPAWN.Event()
     procs = [
         SPAWN.Process(
@@ -100,8 +100,8 @@ def test_two_processes_share_one_limit(block, shm_name) -> None:
             p.join(30)
             if p.is_alive():
                 p.kill()
-    # A sub-window boundary crossed mid-run may lose one add per process (no CAS).
+    # Private counts would admit 1000 each; shared ones 1000 in all, whichever process
+    # got them. A sub-window boundary crossed mid-run may lose one add per process (no CAS).
     assert 1000 <= sum(admitted) <= 1002, admitted
-    assert all(a > 0 for a in admitted), admitted  # both really took part
     assert block.usage(0).in_flight == 0
     assert block.usage(0).tokens == 5 * block.usage(0).requests
