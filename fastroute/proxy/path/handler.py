@@ -64,7 +64,12 @@ from fastroute.proxy.path.routing_key import estimate_prompt_tokens, routing_key
 from fastroute.proxy.path.sse import ask_for_usage
 from fastroute.proxy.path.stored_responses import StoredResponses
 from fastroute.proxy.path.strategy import build_pair_strategies, build_strategies
-from fastroute.proxy.path.tenant_limits import TenantLimiter, tenant_admit, tenant_done
+from fastroute.proxy.path.tenant_limits import (
+    TenantLimiter,
+    tenant_admit,
+    tenant_demand,
+    tenant_done,
+)
 from fastroute.signals.reports import DemandAggregator
 from fastroute.tables.response_map import ResponseMap
 
@@ -340,13 +345,15 @@ class InferenceHandler:
         record.generation = fleet_state.generation
         shed_fraction = float(fleet_state.shed_fraction[state.row])
         tenants = ctx.tenants
+        tokens = 0
         if tenants is not None:
             tenants.follow(fleet_state.generation, fleet_state.tenant_meta)
             shed_fraction = tenants.shed_fraction(state.tenant, shed_fraction)
+            tokens = tenant_demand(ctx, state)  # offered demand: shed ones count too
         if should_shed(key, shed_fraction):
             return self._shed(state, "shed", "shed by the controller's shed fraction")
         if tenants is not None:
-            refused = tenant_admit(ctx, tenants, state)
+            refused = tenant_admit(ctx, tenants, state, tokens)
             if refused is not None:
                 return refused
         admission = ctx.admission

@@ -37,6 +37,7 @@ __all__ = [
     "static_limits",
     "proxy_id",
     "tenant_admit",
+    "tenant_demand",
     "tenant_done",
 ]
 
@@ -194,15 +195,19 @@ class TenantLimiter:
         )
 
 
-def tenant_admit(ctx: Any, limiter: TenantLimiter, state: Any) -> Reply | None:
-    """Count ``state``'s request against its tenant's share; the 429 if it is over.
-
-    Also counts the tenant's demand for the controller's report (refused ones too).
-    """
+def tenant_demand(ctx: Any, state: Any) -> int:
+    """The request's estimated tokens (prompt + ``max_tokens``), counted as its tenant's
+    offered demand in the controller's report (before any shed or refusal)."""
     parsed = state.parsed
     tokens = estimate_prompt_tokens(parsed) + (parsed.max_output_tokens or 0)
     if ctx.aggregator is not None and state.tenant:
         ctx.aggregator.observe_tenant(state.tenant, state.priority, tokens)
+    return int(tokens)
+
+
+def tenant_admit(ctx: Any, limiter: TenantLimiter, state: Any, tokens: int) -> Reply | None:
+    """Count ``state``'s request (``tokens`` estimated) against its tenant's share; the
+    429 if it is over."""
     got = limiter.admit(state.tenant, tokens)
     if isinstance(got, Reply):
         state.record.error = "tenant rate limit"
