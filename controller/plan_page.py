@@ -227,6 +227,26 @@ def _classes(plan: Mapping[str, Any], hues: Mapping[str, int]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _tenants(plan: Mapping[str, Any]) -> str:
+    """Per tenant and priority: demand, admitted and shed (empty without tenant demand)."""
+    rows = [t for t in _list(plan.get("tenants")) if isinstance(t, Mapping)]
+    if not rows:
+        return ""
+    head = (
+        "<tr><th>tenant</th><th>priority</th><th>weight</th><th>demand</th>"
+        "<th>admitted</th><th>shed</th></tr>"
+    )
+    body = "".join(
+        f"<tr><td>{_fmt(t.get('tenant'))}</td><td>{_fmt(t.get('priority'))}</td>"
+        f'<td class="n">{_fmt(t.get("weight"))}</td>'
+        f'<td class="n">{_fmt(t.get("demand_rps"), ".3g", unit=" rps")}</td>'
+        f'<td class="n">{_fmt(t.get("admitted_rps"), ".3g", unit=" rps")}</td>'
+        f'<td class="n">{_fmt(t.get("shed_fraction"), ".1%")}</td></tr>'
+        for t in rows
+    )
+    return f"<h2>Tenants</h2><table>{head}{body}</table>"
+
+
 def _signals(engine: Mapping[str, Any], now: float | None) -> str:
     signals = _dict(engine.get("signals"))
     if not signals:
@@ -321,6 +341,7 @@ def render_plan_html(
         f"<h1>{title}</h1>{_header(plan)}"
         f"<h2>Classes</h2>{_classes(plan, hues)}"
         f"<h2>Engines</h2>{_engines(plan, hues, now)}"
+        f"{_tenants(plan)}"
         '<p class="legend">JSON: <a href="/v1/plan">/v1/plan</a></p>'
         "</body></html>\n"
     )

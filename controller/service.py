@@ -81,6 +81,7 @@ from controller.options import ControllerOptions
 from controller.planner import PeriodInputs, PeriodPlan, PlanningError, make_planner
 from controller.publish import TablePublisher
 from controller.scrape import EngineScraper, ScrapeWindow
+from controller.tenant_demand import TenantBoard
 from controller.why import PlanContext, explain_engines
 from fastroute.config import Config
 from fastroute.errors import TableError
@@ -178,6 +179,8 @@ class ControllerService:
         self.planner = make_planner(model, config.controller, opts)
         #: The proxies' reported step-time calibration, published to new workers.
         self.calibration = CalibrationBoard()
+        #: Per-tenant demand by proxy and priority: the tenant shares in the meta.
+        self.tenants = TenantBoard(config, self.period_s)
         self.scraper = EngineScraper(
             config.engines,
             interval_s=config.controller.scrape_interval_s,
@@ -382,6 +385,7 @@ class ControllerService:
         (when it carries one) the calibration board."""
         self.forecaster.observe(report, self.clock())
         self.learning.observe(report)
+        self.tenants.observe(report)
         if report.calibration is not None:
             self.calibration.observe(report.worker_id, report.calibration)
 
@@ -459,15 +463,21 @@ class ControllerService:
             retry *= self.shed_retry_factor
         plan_id = self._plan_id + 1
         w, sigma, flags = period.weights, period.shed_fraction, inputs.engine_flags
+        previous_tenant_meta = self.tenants.last_meta
+        self.tenants.close_period()
+        tenant_meta = self.tenants.meta(self._shed_by_priority(inputs.demand_rps, sigma))
         # nothing new for the data planes: no new generation, no long-poll wake-up
-        unchanged = self.publisher.unchanged(self.plan, w, sigma, retry, flags)
+        unchanged = (
+            self.publisher.unchanged(self.plan, w, sigma, retry, flags)
+            and tenant_meta == previous_tenant_meta
+        )
         if unchanged:
             snap = self.publisher.snapshot
             assert snap is not None
         else:
             try:
                 snap = await self.publisher.publish(
-                    self.model, w, sigma, retry, _meta(plan_id, period), flags
+                    self.model, w, sigma, retry, {**_meta(plan_id, period), **tenant_meta}, flags
                 )
             except (TableError, ValueError, OSError) as exc:
                 self._alert("publish_error", str(exc))
@@ -479,6 +489,15 @@ class ControllerService:
             return False
         self.publisher.notify_changed()
         return True
+
+    def _shed_by_priority(self, demand_rps: FloatArray, sigma: FloatArray) -> dict[str, float]:
+        """The demand-weighted shed fraction of each priority over its classes."""
+        offered: dict[str, float] = {}
+        shed: dict[str, float] = {}
+        for c, d, f in zip(self.model.classes, demand_rps, sigma, strict=True):
+            offered[c.priority] = offered.get(c.priority, 0.0) + float(d)
+            shed[c.priority] = shed.get(c.priority, 0.0) + float(d) * float(f)
+        return {p: (shed[p] / offered[p] if offered[p] > 0 else 0.0) for p in offered}
 
     def _adopt_plan(self, plan: Plan) -> None:
         """``plan`` is in force: keep it, clear the error, export its gauges."""
@@ -528,6 +547,7 @@ class ControllerService:
             )
             for e, why in zip(out["engines"], explain_engines(ctx), strict=True):
                 e["why"] = why
+        out["tenants"] = self.tenants.plan_json()
         return out
 
 

@@ -423,6 +423,23 @@ class TenantConfig(_Section):
     hardware : str, optional
         Restrict the tenant to engines of this hardware class (one of
         ``hardware_classes``); unset means any hardware.
+    requests_per_min : int, optional
+        Fleet-wide request limit, requests per minute (1 to 10^8). Each proxy
+        enforces its share (the controller's split by demand, else the limit divided by
+        ``proxy.proxy_count``) with a token bucket shared by its workers; the bucket
+        holds at most one minute's share, so a tenant idle for a minute may burst that
+        much and no more. Unset: unlimited.
+    tokens_per_min : int, optional
+        Fleet-wide prompt + output token limit per minute (1 to 10^11), charged at
+        admission from the prompt estimate and ``max_tokens`` and corrected by the
+        engine's usage when the request ends. Unset: unlimited.
+    max_concurrent : int, optional
+        Fleet-wide limit on the tenant's requests in flight (1 to 10^6), split among
+        the proxies like the rates (each proxy gets at least one). Unset: unlimited.
+    weight : float
+        The tenant's share of its priority when the controller sheds (weighted max-min
+        over demand, 0.01 to 1000): with weights 2 and 1, both over their share, the
+        first is admitted twice as much. Default 1 (equal shares).
     """
 
     name: Name
@@ -431,6 +448,10 @@ class TenantConfig(_Section):
     zones: tuple[Name, ...] = ()
     default_priority: Priority = "default"
     hardware: Name | None = None
+    requests_per_min: Annotated[int, msgspec.Meta(ge=1, le=10**8)] | None = None
+    tokens_per_min: Annotated[int, msgspec.Meta(ge=1, le=10**11)] | None = None
+    max_concurrent: Annotated[int, msgspec.Meta(ge=1, le=10**6)] | None = None
+    weight: Annotated[float, msgspec.Meta(ge=0.01, le=1000)] = 1.0
 
 
 class ClassConfig(_Section):
@@ -767,6 +788,11 @@ class ProxyConfig(_Section):
     models_scrape_interval_s : float
         How often each worker asks every engine's ``GET /v1/models`` (what ``GET /v1/models``
         and ``/ready`` report), seconds.
+    proxy_count : int
+        Proxies (hosts) that share the tenants' fleet-wide limits when no controller
+        divides them (or before its first table): each proxy enforces the limit divided
+        by this count (1 to 4096). Default 1: a single proxy enforces the whole limit,
+        the safe reading for a lone proxy; set it to the number of proxies otherwise.
     """
 
     host: Host = "127.0.0.1"
@@ -791,6 +817,7 @@ class ProxyConfig(_Section):
     max_engines: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATS_ENGINES)] = DEFAULT_MAX_ENGINES
     passthrough_paths: Annotated[tuple[PassthroughPath, ...], msgspec.Meta(max_length=256)] = ()
     models_scrape_interval_s: PositiveSeconds = 15.0
+    proxy_count: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,6 +101,8 @@ class FastrouteStack:
         Model → (TTFT, TBOT) SLO seconds (config classes).
     log_level : str
         ``--log-level`` of the children.
+    edit_config : callable, optional
+        Applied to each generated config text before it is written (extra sections).
     """
 
     procs: ProcessSet
@@ -117,6 +119,7 @@ class FastrouteStack:
     controller_enabled: bool = True
     slo_s: Mapping[str, tuple[float, float]] | None = None
     log_level: str = "WARNING"
+    edit_config: Callable[[str], str] | None = None
     controller: ManagedProcess | None = None
     proxies: dict[str, ManagedProcess] = field(default_factory=dict)
     proxy_urls: dict[str, str] = field(default_factory=dict)
@@ -163,6 +166,8 @@ class FastrouteStack:
                 period_s=self.period_s,
                 slo_s=self.slo_s,
             )
+            if self.edit_config is not None:  # e.g. tenants for bench_tenant_limits
+                text = self.edit_config(text)
             path = self.run_dir / f"fastroute-{source}.toml"
             path.write_text(text)
             self.config_paths[source] = path

@@ -151,6 +151,19 @@ class ProxyMetrics:
             ["class", "reason"],
             registry=r,
         )
+        self.tenant_admitted = Counter(
+            "fastroute_proxy_tenant_admitted",
+            "Requests of a tenant with limits admitted by its share.",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_rejected = Counter(
+            "fastroute_proxy_tenant_rejected",
+            "Requests of a tenant refused with 429 by the limit that refused them "
+            "(requests, tokens, concurrent).",
+            ["tenant", "limit"],
+            registry=r,
+        )
         #: Requests being handled; a plain int (the request path adds ±1), read at scrape
         #: time: a prometheus ``Gauge.inc`` takes a lock, twice per request.
         self.in_flight_count = 0

@@ -57,6 +57,7 @@ from fastroute.proxy.path.handler import Incoming, InferenceHandler, ProxyContex
 from fastroute.proxy.path.marginal_setup import install_marginal
 from fastroute.proxy.path.pd import PDPools
 from fastroute.proxy.path.stored_responses import is_stored_response_path
+from fastroute.proxy.path.tenant_limits import TenantLimiter, proxy_id
 from fastroute.proxy.routes import (
     INFERENCE_PATHS,
     get_reply,
@@ -67,6 +68,7 @@ from fastroute.proxy.routes import (
 from fastroute.proxy.tracing import build_tracing
 from fastroute.tables.response_map import ResponseMap, response_map_name
 from fastroute.tables.stats import StatsBlock
+from fastroute.tables.tenant_limits import MAX_TENANTS, TenantLimitBlock, tenant_block_name
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -161,8 +163,35 @@ def build_context(
     ctx.responses = _response_map(config, stats_block, previous)
     ctx.models = getattr(previous, "models", None)
     ctx.tracer = _tracer(config, previous)
+    ctx.tenants = _tenant_limiter(config, stats_block, ctx, previous)
     install_marginal(ctx, previous)
     return ctx
+
+
+def _tenant_limiter(
+    config: Config,
+    stats_block: StatsBlock | None,
+    ctx: ProxyContext,
+    previous: ProxyContext | None,
+) -> TenantLimiter | None:
+    """Tenant limits over the host's shared counters (``{stats_name}.tenants``, created by
+    the supervisor); a private block when there is none (one worker, or a lone test).
+    A reload keeps the previous context's block (its counts and in-flight units)."""
+    if not config.tenants:
+        return None
+    n = min(len(config.tenants), MAX_TENANTS)
+    block: TenantLimitBlock | None = None
+    old = previous.tenants if previous is not None else None
+    if old is not None and old.block.n_tenants >= n:
+        block = old.block
+    elif stats_block is not None:
+        try:
+            block = TenantLimitBlock.attach(tenant_block_name(stats_block.name))
+        except (TableError, OSError) as exc:
+            logger.warning("no shared tenant counters (%s): tenant limits are per worker", exc)
+    if block is None or block.n_tenants < n:
+        block = TenantLimitBlock.private(n)
+    return TenantLimiter(config, block, proxy_id(config), ctx.metrics)
 
 
 def _response_map(

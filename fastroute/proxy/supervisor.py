@@ -55,11 +55,12 @@ from fastroute.config import Config, ConfigError, EngineConfig, load_config
 from fastroute.discovery.merge import merge_fleet
 from fastroute.discovery.runner import DiscoveryRunner
 from fastroute.discovery.state_file import read_state, state_path_of
-from fastroute.errors import TableLockedError
+from fastroute.errors import TableError, TableLockedError
 from fastroute.hashing import engine_id
 from fastroute.systemd import Notifier, pids_listening
 from fastroute.tables.response_map import ResponseMap, response_map_name
 from fastroute.tables.stats import StatsBlock
+from fastroute.tables.tenant_limits import MAX_TENANTS, TenantLimitBlock, tenant_block_name
 
 __all__ = [
     "Supervisor",
@@ -217,6 +218,7 @@ class Supervisor:
         except BaseException:
             stats.unlink()
             raise
+        tenants = self._create_tenant_block()
         try:
             reserve = self._reserve()
         except BaseException:
@@ -272,9 +274,23 @@ class Supervisor:
             os.close(wfd)
             reserve.close()
             responses.close()
+            if tenants is not None:
+                tenants.close(unlink=True)
             stats.unlink()
             self._sd.close()
         return 1 if self._failed else 0
+
+    def _create_tenant_block(self) -> TenantLimitBlock | None:
+        """The workers' shared per-tenant counters (``{stats_name}.tenants``); None
+        without tenants, or if it cannot be created (workers then count privately)."""
+        if not self.config.tenants:
+            return None
+        n = min(len(self.config.tenants), MAX_TENANTS)
+        try:
+            return TenantLimitBlock.create(tenant_block_name(self.stats_name), n)
+        except (TableError, OSError) as exc:
+            logger.warning("no shared tenant counters (%s): tenant limits are per worker", exc)
+            return None
 
     def _create_stats(self) -> StatsBlock:
         """The stats block: a slot per engine in force, room for ``proxy.max_engines``."""

@@ -40,6 +40,7 @@ __all__ = [
     "LatencySummary",
     "ClassDemand",
     "EngineReport",
+    "TenantDemand",
     "Report",
     "encode_report",
     "decode_report",
@@ -131,6 +132,26 @@ class ClassDemand(msgspec.Struct, array_like=True):
     rejected_429: int = 0
 
 
+class TenantDemand(msgspec.Struct, array_like=True):
+    """Demand of one tenant at one priority in one window (for the fleet-wide limits).
+
+    Attributes
+    ----------
+    tenant : str
+    priority : str
+    requests : int
+        Requests offered (refused ones included: the split follows demand, not what
+        the last split let through).
+    tokens : int
+        Their estimated prompt + ``max_tokens`` tokens.
+    """
+
+    tenant: str
+    priority: str
+    requests: int = 0
+    tokens: int = 0
+
+
 class EngineReport(msgspec.Struct, array_like=True):
     """One engine in one window, as this worker saw it.
 
@@ -180,6 +201,11 @@ class Report(msgspec.Struct, array_like=True):
     calibration : CalibrationSnapshot or None
         The worker's calibration, when it changed since its last report. Appended
         last: decoders that predate it ignore it, and reports without it still decode.
+    proxy_id : str
+        The reporting proxy (host and port), the key of its tenant shares; appended
+        after ``calibration`` for the same reason.
+    tenants : list of TenantDemand
+        Per-tenant demand of the window (tenants with limits or weights only).
     """
 
     version: int
@@ -191,6 +217,8 @@ class Report(msgspec.Struct, array_like=True):
     engines: list[EngineReport]
     dropped: int = 0
     calibration: CalibrationSnapshot | None = None
+    proxy_id: str = ""
+    tenants: list[TenantDemand] = []
 
     @property
     def window_s(self) -> float:
@@ -313,6 +341,21 @@ class DemandAggregator:
         self._classes: dict[int, ClassDemand] = {}
         self._engines: dict[int, _EngineAcc] = {}
         self._dropped = 0
+        #: The proxy's key for its tenant shares (set by the proxy app).
+        self.proxy_id = ""
+        # Bounded by max_classes too: tenants x priorities is config-sized.
+        self._tenants: dict[tuple[str, str], TenantDemand] = {}
+
+    def observe_tenant(self, tenant: str, priority: str, tokens: int) -> None:
+        """Count one request offered by ``tenant`` at ``priority`` (``tokens`` estimated)."""
+        d = self._tenants.get((tenant, priority))
+        if d is None:
+            if len(self._tenants) >= self.max_classes:
+                self._dropped += 1
+                return
+            d = self._tenants[(tenant, priority)] = TenantDemand(tenant, priority)
+        d.requests += 1
+        d.tokens += tokens
 
     def _class(self, class_key: int) -> ClassDemand | None:
         c = self._classes.get(class_key)
@@ -447,7 +490,10 @@ class DemandAggregator:
             classes=[self._classes[k] for k in sorted(self._classes)],
             engines=engines,
             dropped=self._dropped,
+            proxy_id=self.proxy_id,
+            tenants=[self._tenants[k] for k in sorted(self._tenants)],
         )
+        self._tenants = {}
         self._start_s = report.window_end_s
         self._classes = {}
         self._engines = {}

@@ -94,3 +94,23 @@ def hammer_counters(name: str, iterations: int, out: Any) -> None:
         block.add(0, Counter.IN_FLIGHT, -1)
     block.close()
     out.put(("hammer", iterations))
+
+
+def admit_tenant_requests(
+    name: str, attempts: int, limit_per_min: int, start: Any, out: Any
+) -> None:
+    """After ``start`` is set, try ``attempts`` admissions of tenant slot 0 under one
+    shared per-minute limit."""
+    from fastroute.tables.tenant_limits import Charge, SlotLimits, TenantLimitBlock
+
+    block = TenantLimitBlock.attach(name)
+    limits = SlotLimits(requests_per_min=limit_per_min, max_concurrent=10**6)
+    admitted = 0
+    start.wait(60)
+    for _ in range(attempts):
+        charge = block.admit(0, 3, limits)
+        if isinstance(charge, Charge):
+            admitted += 1
+            block.finish(charge, used_tokens=5)
+    block.close()
+    out.put(("admitted", admitted))

@@ -64,6 +64,7 @@ from fastroute.proxy.background.reporter import Reporter
 from fastroute.proxy.background.scraper import EngineScraper
 from fastroute.proxy.path.handler import ProxyContext
 from fastroute.proxy.path.marginal_setup import attach_scraper
+from fastroute.proxy.path.tenant_limits import proxy_id
 from fastroute.signals.prefix_cache import fleet_hit_rate
 from fastroute.signals.reports import DemandAggregator
 
@@ -321,6 +322,7 @@ def install_signal_tasks(
     report_url = report_url_of(config)
     if report_url is not None:
         tasks.aggregator = DemandAggregator(proxy.cluster, f"{socket.gethostname()}:{os.getpid()}")
+        tasks.aggregator.proxy_id = proxy_id(config)
         ctx.aggregator = tasks.aggregator
 
         def calibration() -> FleetCalibration | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,6 +69,9 @@ class FleetState:
         The controller's retry ratio; None for the fallback.
     selector : Selector
         Over ``weights``.
+    tenant_meta : dict
+        The table meta's ``tenant_limits`` and ``tenant_shed`` entries (the controller's
+        per-proxy tenant shares and per-tenant shed fractions); empty for the fallback.
     """
 
     generation: int
@@ -79,6 +82,7 @@ class FleetState:
     shed_fraction: np.ndarray
     retry_ratio: float | None
     selector: Any
+    tenant_meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def source(self) -> str:
@@ -180,6 +184,7 @@ class Fleet:
         available: np.ndarray | None,
         shed: np.ndarray | None,
         retry_ratio: float | None,
+        tenant_meta: dict[str, Any] | None = None,
     ) -> FleetState:
         weights.flags.writeable = False
         row_max = weights.max(axis=1, keepdims=True) if weights.size else weights
@@ -193,6 +198,7 @@ class Fleet:
             shed_fraction=np.zeros(len(self.rows)) if shed is None else shed,
             retry_ratio=retry_ratio,
             selector=Selector(self.engine_ids, weights),
+            tenant_meta=tenant_meta or {},
         )
 
     def state_from_snapshot(self, snap: TableSnapshot) -> FleetState:
@@ -221,6 +227,7 @@ class Fleet:
             available,
             shed,
             float(snap.retry_ratio),
+            _tenant_meta(snap),
         )
 
     def apply_snapshot(self, snap: TableSnapshot) -> FleetState:
@@ -238,3 +245,12 @@ class Fleet:
         """A view that is also an ``EngineStateView`` (needs :attr:`load`)."""
         assert self.load is not None
         return LoadView(self, self.state, request_mask, self.load)
+
+
+def _tenant_meta(snap: TableSnapshot) -> dict[str, Any]:
+    """The tenant entries of a snapshot's meta (decoded once per table generation)."""
+    try:
+        meta = snap.meta
+    except ValueError:  # an undecodable meta (msgspec.DecodeError) must not stop routing
+        return {}
+    return {k: meta[k] for k in ("tenant_limits", "tenant_shed") if k in meta}

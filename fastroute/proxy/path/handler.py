@@ -64,6 +64,12 @@ from fastroute.proxy.path.routing_key import estimate_prompt_tokens, routing_key
 from fastroute.proxy.path.sse import ask_for_usage
 from fastroute.proxy.path.stored_responses import StoredResponses
 from fastroute.proxy.path.strategy import build_pair_strategies, build_strategies
+from fastroute.proxy.path.tenant_limits import (
+    TenantLimiter,
+    tenant_admit,
+    tenant_demand,
+    tenant_done,
+)
 from fastroute.proxy.tracing import NO_TRACING
 from fastroute.signals.reports import DemandAggregator
 from fastroute.tables.response_map import ResponseMap
@@ -146,6 +152,9 @@ class ProxyContext:
     tracer : Tracing or NoTracing
         The request path's tracer (:mod:`fastroute.proxy.tracing`); :data:`NO_TRACING`
         when ``tracing.enabled`` is false.
+    tenants : TenantLimiter or None
+        Per-tenant limits and fair shedding (:mod:`fastroute.proxy.path.tenant_limits`);
+        None without tenants.
     """
 
     config: Config
@@ -162,6 +171,7 @@ class ProxyContext:
     responses: ResponseMap | None = None
     models: Any = None
     tracer: Any = NO_TRACING
+    tenants: TenantLimiter | None = None
     ready: bool = False
     draining: bool = False
 
@@ -299,6 +309,8 @@ class InferenceHandler:
             response = await self._route(state)
             return response
         finally:
+            if state.tenant_admission is not None:  # every exit path gives the unit back
+                response = tenant_done(ctx.tenants, state, response)
             if state.api is not None and response is not None:
                 state.api.finish(state, response)
             metrics.in_flight_count -= 1
@@ -347,8 +359,19 @@ class InferenceHandler:
         record.key_source = str(source)
         fleet_state = fleet.state
         record.generation = fleet_state.generation
-        if should_shed(key, float(fleet_state.shed_fraction[state.row])):
+        shed_fraction = float(fleet_state.shed_fraction[state.row])
+        tenants = ctx.tenants
+        tokens = 0
+        if tenants is not None:
+            tenants.follow(fleet_state.generation, fleet_state.tenant_meta)
+            shed_fraction = tenants.shed_fraction(state.tenant, shed_fraction)
+            tokens = tenant_demand(ctx, state)  # offered demand: shed ones count too
+        if should_shed(key, shed_fraction):
             return self._shed(state, "shed", "shed by the controller's shed fraction")
+        if tenants is not None:
+            refused = tenant_admit(ctx, tenants, state, tokens)
+            if refused is not None:
+                return refused
         admission = ctx.admission
         if admission is None:
             return await self._pick_and_forward(state)

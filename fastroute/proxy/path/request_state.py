@@ -96,6 +96,8 @@ class RequestState:
         told of the stream's first token; None outside a race.
     trace : RequestTrace or None
         The request's spans (:mod:`fastroute.proxy.tracing`); None when tracing is off.
+    tenant_admission : TenantAdmission or None
+        The tenant-limit charge to give back when the request ends (None: not counted).
     """
 
     request: Any
@@ -128,3 +130,4 @@ class RequestState:
     migration: Migration | None = None
     hedge: Any = None
     trace: RequestTrace | None = None
+    tenant_admission: Any = None

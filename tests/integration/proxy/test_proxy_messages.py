@@ -229,6 +229,29 @@ def test_messages_x_api_key_is_the_tenant_key(h: Harness) -> None:
     h.run(main())
 
 
+def test_messages_over_the_tenant_limit_is_a_rate_limit_error(h: Harness) -> None:
+    """A tenant over its requests_per_min: Anthropic's ``rate_limit_error`` with the
+    ``retry-after`` and ``x-ratelimit-*`` headers (docs/tenancy.md)."""
+
+    async def main() -> None:
+        extra = (
+            '[[tenants]]\nname = "acme"\napi_keys = ["sk-acme-0123456789"]\nrequests_per_min = 1\n'
+        )
+        async with h.proxy_stack(1, extra=extra) as st:
+            client = _client(st.url, api_key="sk-acme-0123456789")
+            call = client.messages.create
+            await asyncio.to_thread(call, model=MODEL, max_tokens=2, messages=_user("x"))
+            with pytest.raises(anthropic.RateLimitError) as err:
+                await asyncio.to_thread(call, model=MODEL, max_tokens=2, messages=_user("y"))
+            _assert_anthropic_error(err.value, 429, "rate_limit_error")
+            headers = err.value.response.headers
+            assert int(headers["retry-after"]) >= 1
+            assert headers["x-ratelimit-limit-requests"] == "1"
+            assert headers["x-ratelimit-remaining-requests"] == "0"
+
+    h.run(main())
+
+
 def test_messages_no_engine_is_an_overloaded_error(h: Harness, shm_name: str) -> None:
     """No eligible engine (the weight table gives the class none): the proxy's 503 as
     Anthropic's ``overloaded_error``."""

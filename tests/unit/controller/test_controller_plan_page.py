@@ -302,3 +302,25 @@ def test_renders_a_real_plan_over_http(shm_name: str) -> None:
         assert page.count("<td>unknown</td>") == 4
 
     asyncio.run(asyncio.wait_for(main(), 20.0))
+
+
+def test_tenants_admitted_and_shed_are_shown_and_escaped() -> None:
+    """The per-tenant section lists demand, admitted and shed; absent without tenants."""
+    plan = {
+        "tenants": [
+            {
+                "tenant": "<a>",
+                "priority": "default",
+                "weight": 2.0,
+                "demand_rps": 10.0,
+                "admitted_rps": 6.0,
+                "shed_rps": 4.0,
+                "shed_fraction": 0.4,
+            }
+        ]
+    }
+    html = render_plan_html(plan, refresh_s=None)
+    assert "<h2>Tenants</h2>" in html
+    assert "&lt;a&gt;" in html and "<a>" not in html
+    assert "6 rps" in html and "40.0%" in html
+    assert "<h2>Tenants</h2>" not in render_plan_html({}, refresh_s=None)
