@@ -101,6 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="break streams off with an in-stream error event after N tokens",
     )  # fmt: skip
     faults.add_argument("--metrics-delay-s", type=float, default=0.0)
+    faults.add_argument(
+        "--metrics-lie", action="store_true", help="/metrics claims an idle engine while it serves"
+    )
     faults.add_argument("--drain", action="store_true")
     faults.add_argument(
         "--refuse-for-s", type=float, default=None,
@@ -163,6 +166,7 @@ def _specs(args: argparse.Namespace) -> list:
         refuse_connections=args.refuse_for_s is not None,
         refuse_for_s=args.refuse_for_s,
         metrics_delay_s=args.metrics_delay_s,
+        metrics_lie=args.metrics_lie,
         drain=args.drain,
     )
     faults.validate()

@@ -19,6 +19,9 @@ field                  effect
                        idle keep-alive connections are dropped; reopened after
                        ``refuse_for_s`` seconds, or when cleared
 ``metrics_delay_s``    ``GET /metrics`` answers after this delay
+``metrics_lie``        ``GET /metrics`` claims an idle engine while it serves: no running
+                       or waiting requests, an empty KV cache (a stuck or mis-wired
+                       exporter); the counters and histograms stay true
 ``drain``              ``/health`` answers 503 and new requests get 503; requests in
                        flight finish
 =====================  ============================================================
@@ -43,7 +46,8 @@ logger = logging.getLogger(__name__)
 ERROR_STATUSES = (429, 500, 503)
 #: The ``kind`` label values of ``fastroute_emulator_fault_active``.
 FAULT_KINDS = (
-    "slowdown", "error", "hang", "crash", "stream_error", "refuse", "metrics_delay", "drain",
+    "slowdown", "error", "hang", "crash", "stream_error", "refuse", "metrics_delay",
+    "metrics_lie", "drain",
 )  # fmt: skip
 
 
@@ -59,6 +63,7 @@ class FaultState(msgspec.Struct, kw_only=True):
     refuse_connections: bool = False
     refuse_for_s: float | None = None
     metrics_delay_s: float = 0.0
+    metrics_lie: bool = False
     drain: bool = False
 
     def validate(self) -> None:
@@ -92,6 +97,7 @@ class FaultState(msgspec.Struct, kw_only=True):
             "stream_error": self.stream_error_after_tokens is not None,
             "refuse": self.refuse_connections,
             "metrics_delay": self.metrics_delay_s > 0.0,
+            "metrics_lie": self.metrics_lie,
             "drain": self.drain,
         }
 
@@ -108,6 +114,7 @@ class FaultUpdate(msgspec.Struct, forbid_unknown_fields=True):
     refuse_connections: bool | msgspec.UnsetType = msgspec.UNSET
     refuse_for_s: float | None | msgspec.UnsetType = msgspec.UNSET
     metrics_delay_s: float | msgspec.UnsetType = msgspec.UNSET
+    metrics_lie: bool | msgspec.UnsetType = msgspec.UNSET
     drain: bool | msgspec.UnsetType = msgspec.UNSET
 
     def changes(self) -> dict[str, Any]:

@@ -150,6 +150,10 @@ class EngineMetrics(Collector):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
+    def _shown(self, value: float) -> float:
+        """A load gauge as the page shows it: 0 while the ``metrics_lie`` fault claims idle."""
+        return 0.0 if self.faults.state.metrics_lie else value
+
     def render(self) -> bytes:
         """The exposition text (``text/plain; version=0.0.4``)."""
         return generate_latest(self.registry)
@@ -170,10 +174,10 @@ class EngineMetrics(Collector):
         queries = m.prefix_cache_queries_total
         scalars = (
             (GaugeMetricFamily, "sglang:num_running_reqs", "The number of running requests.",
-             m.num_running),
+             self._shown(m.num_running)),
             (GaugeMetricFamily, "sglang:num_queue_reqs",
-             "The number of requests in the waiting queue.", m.num_waiting),
-            (GaugeMetricFamily, "sglang:token_usage", "The token usage.", m.kv_usage),
+             "The number of requests in the waiting queue.", self._shown(m.num_waiting)),
+            (GaugeMetricFamily, "sglang:token_usage", "The token usage.", self._shown(m.kv_usage)),
             (GaugeMetricFamily, "sglang:cache_hit_rate", "The prefix cache hit rate.",
              m.prefix_cache_hits_total / queries if queries else 0.0),
             (CounterMetricFamily, "sglang:prompt_tokens", "Number of prefill tokens processed.",
@@ -207,9 +211,9 @@ class EngineMetrics(Collector):
             (CounterMetricFamily, "llamacpp:tokens_predicted",
              "Number of generation tokens processed.", m.generation_tokens_total),
             (GaugeMetricFamily, "llamacpp:requests_processing", "Number of requests processing.",
-             m.num_running),
+             self._shown(m.num_running)),
             (GaugeMetricFamily, "llamacpp:requests_deferred", "Number of requests deferred.",
-             m.num_waiting),
+             self._shown(m.num_waiting)),
         ):  # fmt: skip
             yield family(name, doc, value=value)
 
@@ -233,24 +237,24 @@ class EngineMetrics(Collector):
         yield gauge(
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
-            m.num_running,
+            self._shown(m.num_running),
         )
         yield gauge(
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
-            m.num_waiting,
+            self._shown(m.num_waiting),
         )
         if current:
             yield gauge(
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
-                m.kv_usage,
+                self._shown(m.kv_usage),
             )
         if legacy:
             yield gauge(
                 "vllm:gpu_cache_usage_perc",
                 "GPU KV-cache usage. 1 means 100 percent usage.",
-                m.kv_usage,
+                self._shown(m.kv_usage),
             )
         yield counter(
             "vllm:prefix_cache_queries",

@@ -19,6 +19,8 @@ kind                 injected as
                      after the fault's duration (no request can reach it to clear it)
 ``drain``            ``/health`` 503, new requests 503, requests in flight finish
 ``metrics_timeout``  ``GET /metrics`` answers after 5 s (past every scrape timeout)
+``metrics_lie``      ``GET /metrics`` claims the engine is idle (no running or waiting
+                     requests, empty KV cache) while it serves
 ``controller_kill``  SIGKILL of the controller; restarted when the fault ends
 ``worker_kill``      SIGKILL of one proxy worker (the supervisor restarts it)
 ``broken_reload``    the proxy's config file replaced by invalid TOML, then SIGHUP; restored
@@ -53,6 +55,7 @@ ENGINE_FAULTS: dict[str, dict[str, object]] = {
     "refuse": {"refuse_connections": True, "refuse_for_s": 12.0},  # reopens by itself
     "drain": {"drain": True},
     "metrics_timeout": {"metrics_delay_s": 5.0},
+    "metrics_lie": {"metrics_lie": True},
 }
 #: Every fault kind, in the order of the module's table.
 FAULT_KINDS: tuple[str, ...] = (
@@ -68,6 +71,7 @@ DURATION_S: dict[str, float] = {
     "refuse": 12.0,
     "drain": 20.0,
     "metrics_timeout": 20.0,
+    "metrics_lie": 20.0,
     "controller_kill": 12.0,
     "worker_kill": 1.0,
     "broken_reload": 5.0,

@@ -255,3 +255,36 @@ def test_admin_endpoints_refuse_non_loopback_clients(arun):
         assert engine.faults.state == FaultState()
 
     arun(main())
+
+
+def test_lying_metrics_claim_an_idle_engine_while_it_serves(arun):
+    """metrics_lie: running, waiting and KV usage read 0 while a stream runs; cleared, true."""
+
+    async def main():
+        async with EmulatedFleet([EngineSpec(profile="h100")]) as fleet:
+            url, engine = fleet.urls[0], fleet.engines[0]
+            body = {"model": engine.spec.model_name, "stream": True, "max_tokens": 400,
+                    "messages": [{"role": "user", "content": "hello"}]}  # fmt: skip
+
+            def running(text: str) -> float:
+                line = next(
+                    x for x in text.splitlines() if x.startswith("vllm:num_requests_running")
+                )
+                return float(line.rsplit(" ", 1)[1])
+
+            async with aiohttp.ClientSession() as s:
+                async with s.post(url + "/v1/chat/completions", json=body) as stream:
+                    await stream.content.readline()  # the stream is running
+                    async with s.get(url + "/metrics") as resp:
+                        assert running(await resp.text()) == 1.0
+                    await _post_fault(s, url, metrics_lie=True)
+                    async with s.get(url + "/metrics") as resp:
+                        text = await resp.text()
+                    assert running(text) == 0.0
+                    assert 'fastroute_emulator_fault_active{kind="metrics_lie"} 1.0' in text
+                    async with s.delete(url + "/admin/fault"):
+                        pass
+                    async with s.get(url + "/metrics") as resp:
+                        assert running(await resp.text()) == 1.0
+
+    arun(main())

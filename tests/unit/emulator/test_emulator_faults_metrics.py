@@ -133,5 +133,6 @@ def test_fault_gauges_show_active_kinds():
         "stream_error": 0.0,
         "refuse": 0.0,
         "metrics_delay": 1.0,
+        "metrics_lie": 0.0,
         "drain": 0.0,
     }
