@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from fastroute.errors import TableError, TableLockedError
+from fastroute.errors import TableError, TableFencedError, TableLockedError
 from fastroute.tables import TableWriter
 from fastroute.tables.wire import (
     MSGPACK_CONTENT_TYPE,
@@ -117,6 +117,11 @@ class WeightsPuller:
         self.rng = rng
         self.controller_generation = 0
         self.local_generation = 0
+        #: Controller epoch (``meta["epoch"]``) of the table in force; None: none carried one.
+        self.epoch: int | None = None
+        #: Tables refused because their epoch is older than :attr:`epoch` (a deposed leader's).
+        self.fenced_total = 0
+        self._fenced_logged: set[int] = set()
         self.updates_total = 0
         self.polls_total = 0
         self.errors_total: dict[str, int] = {}
@@ -139,6 +144,8 @@ class WeightsPuller:
         assert self._session is not None and self._writer is not None
         self.polls_total += 1
         params = {"after": str(self.controller_generation), "timeout_s": f"{self.poll_timeout_s:g}"}
+        if self.epoch is not None:  # a controller of another epoch answers at once
+            params["epoch"] = str(self.epoch)
         timeout = aiohttp.ClientTimeout(
             total=self.poll_timeout_s + self.timeout_margin_s, connect=self.connect_timeout_s
         )
@@ -156,16 +163,26 @@ class WeightsPuller:
             if len(data) > MAX_SNAPSHOT_BYTES:
                 raise PullError("too_large", f"snapshot over {MAX_SNAPSHOT_BYTES} bytes")
         snap = await asyncio.to_thread(decode_snapshot, data)
-        if snap.generation == self.controller_generation:
+        epoch = snap.meta.get("epoch") if snap.meta_bytes else None
+        epoch = epoch if isinstance(epoch, int) else None
+        if self._fenced(epoch):
             return False
-        if snap.generation < self.controller_generation:
+        if snap.generation == self.controller_generation and epoch == self.epoch:
+            return False
+        if snap.generation < self.controller_generation and epoch == self.epoch:
             logger.warning(
                 "controller generation went back from %d to %d (controller restarted?)",
                 self.controller_generation,
                 snap.generation,
             )
-        self.local_generation = await asyncio.to_thread(publish_snapshot, self._writer, snap)
+        try:
+            self.local_generation = await asyncio.to_thread(publish_snapshot, self._writer, snap)
+        except TableFencedError:  # the local segment holds a newer epoch (another worker's)
+            self.fenced_total += 1
+            return False
         self.controller_generation = snap.generation
+        if epoch is not None:
+            self.epoch = epoch
         self.updates_total += 1
         logger.info(
             "weights: controller generation %d published as local generation %d of %r",
@@ -173,6 +190,22 @@ class WeightsPuller:
             self.local_generation,
             self.table_name,
         )
+        return True
+
+    def _fenced(self, epoch: int | None) -> bool:
+        """Whether a table of ``epoch`` is older than the one in force (counted, logged once
+        per epoch); tables without an epoch (one controller, no HA) always pass."""
+        if epoch is None or self.epoch is None or epoch >= self.epoch:
+            return False
+        self.fenced_total += 1
+        if epoch not in self._fenced_logged and len(self._fenced_logged) < 1024:
+            self._fenced_logged.add(epoch)
+            logger.warning(
+                "weights: table of controller epoch %d refused, epoch %d is in force "
+                "(a deposed controller still publishes?)",
+                epoch,
+                self.epoch,
+            )
         return True
 
     # -- the task -----------------------------------------------------------------------------
