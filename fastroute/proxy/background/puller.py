@@ -86,7 +86,7 @@ class WeightsPuller:
     updates_total, polls_total : int
     errors_total : dict of str to int
         Failed polls by kind: ``connect``, ``timeout``, ``http``, ``decode``,
-        ``table``, ``too_large``, ``other``.
+        ``table``, ``too_large``, ``fenced``, ``other``.
     active : bool
         This worker holds the writer lock (False: standby or not started).
     last_error : str or None
@@ -121,7 +121,6 @@ class WeightsPuller:
         self.epoch: int | None = None
         #: Tables refused because their epoch is older than :attr:`epoch` (a deposed leader's).
         self.fenced_total = 0
-        self._fenced_logged: set[int] = set()
         self.updates_total = 0
         self.polls_total = 0
         self.errors_total: dict[str, int] = {}
@@ -165,8 +164,7 @@ class WeightsPuller:
         snap = await asyncio.to_thread(decode_snapshot, data)
         epoch = snap.meta.get("epoch") if snap.meta_bytes else None
         epoch = epoch if isinstance(epoch, int) else None
-        if self._fenced(epoch):
-            return False
+        self._fence(epoch)
         if snap.generation == self.controller_generation and epoch == self.epoch:
             return False
         if snap.generation < self.controller_generation and epoch == self.epoch:
@@ -177,12 +175,11 @@ class WeightsPuller:
             )
         try:
             self.local_generation = await asyncio.to_thread(publish_snapshot, self._writer, snap)
-        except TableFencedError:  # the local segment holds a newer epoch (another worker's)
+        except TableFencedError as exc:  # the local segment holds a newer epoch already
             self.fenced_total += 1
-            return False
+            raise PullError("fenced", str(exc)) from None
         self.controller_generation = snap.generation
-        if epoch is not None:
-            self.epoch = epoch
+        self.epoch = epoch  # None: back to a single controller without an election
         self.updates_total += 1
         logger.info(
             "weights: controller generation %d published as local generation %d of %r",
@@ -192,21 +189,14 @@ class WeightsPuller:
         )
         return True
 
-    def _fenced(self, epoch: int | None) -> bool:
-        """Whether a table of ``epoch`` is older than the one in force (counted, logged once
-        per epoch); tables without an epoch (one controller, no HA) always pass."""
+    def _fence(self, epoch: int | None) -> None:
+        """Refuse a table of an older epoch than the one in force (a deposed leader's): counted,
+        logged once (the error text names both epochs), then backed off like an error, so a stale controller answering
+        at once cannot spin the poll loop. Tables without an epoch (no HA) always pass."""
         if epoch is None or self.epoch is None or epoch >= self.epoch:
-            return False
-        self.fenced_total += 1
-        if epoch not in self._fenced_logged and len(self._fenced_logged) < 1024:
-            self._fenced_logged.add(epoch)
-            logger.warning(
-                "weights: table of controller epoch %d refused, epoch %d is in force "
-                "(a deposed controller still publishes?)",
-                epoch,
-                self.epoch,
-            )
-        return True
+            return
+        self.fenced_total += 1  # _record_error logs it once per (epoch, epoch in force)
+        raise PullError("fenced", f"table of epoch {epoch} older than {self.epoch}")
 
     # -- the task -----------------------------------------------------------------------------
 
