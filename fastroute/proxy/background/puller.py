@@ -190,9 +190,11 @@ class WeightsPuller:
         return True
 
     def _fence(self, epoch: int | None) -> None:
-        """Refuse a table of an older epoch than the one in force (a deposed leader's): counted,
-        logged once (the error text names both epochs), then backed off like an error, so a stale controller answering
-        at once cannot spin the poll loop. Tables without an epoch (no HA) always pass."""
+        """Refuse a table of an older epoch than the one in force (a deposed leader's).
+
+        Counted, logged once (the error text names both epochs) and backed off like an error,
+        so a stale controller answering at once cannot spin the poll loop. Tables without an
+        epoch (one controller, no HA) always pass."""
         if epoch is None or self.epoch is None or epoch >= self.epoch:
             return
         self.fenced_total += 1  # _record_error logs it once per (epoch, epoch in force)
