@@ -295,3 +295,22 @@ def test_renders_a_real_plan_over_http(shm_name: str) -> None:
         assert page.count("<td>unknown</td>") == 4
 
     asyncio.run(asyncio.wait_for(main(), 20.0))
+
+
+def test_plan_page_shows_the_election_role_epoch_and_leaders_seen() -> None:
+    plan = {
+        "ha": {
+            "role": "follower",
+            "epoch": 7,
+            "leader": "http://c1<x>",
+            "history": [
+                {"epoch": 3, "url": "http://c0", "seen_at": 1.7e9},
+                {"epoch": 7, "url": "http://c1<x>", "seen_at": 1.7e9 + 60},
+            ],
+        }
+    }
+    page = render_plan_html(plan)
+    assert "follower / 7" in page
+    assert "http://c1&lt;x&gt;" in page and "<x>" not in page
+    assert page.index("7 http://c1") < page.index("3 http://c0")  # newest first
+    assert "role / epoch" not in render_plan_html({})  # one controller: no election rows
