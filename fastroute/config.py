@@ -700,6 +700,11 @@ class ProxyConfig(_Section):
         ``http://host:port`` of a controller on another host: the proxy pulls weight
         snapshots from it and reports to it. Unset means the controller shares this
         host's ``table_name``.
+    controller_fallback_urls : array of str
+        More controllers (several on etcd, docs/operations.md "Running several
+        controllers"), tried in order for the table after ``controller_url`` fails to
+        answer (connection error, timeout, HTTP error); any of them redirects to the leader.
+        Reports still go to ``controller_url``.
     report_interval_s : float
         How often the proxy reports demand and in-band signals to the controller.
     scrape_engines : bool
@@ -737,6 +742,10 @@ class ProxyConfig(_Section):
     stats_name: SegmentName = "fastroute-stats"
     response_map_capacity: Annotated[int, msgspec.Meta(ge=8, le=1 << 24, multiple_of=8)] = 65536
     controller_url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)] | None = None
+    controller_fallback_urls: Annotated[
+        tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=2048)], ...],
+        msgspec.Meta(max_length=16),
+    ] = ()
     report_interval_s: PositiveSeconds = 1.0
     scrape_engines: bool = False
     scrape_interval_s: PositiveSeconds = 1.0
@@ -1516,6 +1525,10 @@ def _cross_field_problems(config: Config) -> Iterator[tuple[str, str]]:
         problem = _url_problem(config.proxy.controller_url)
         if problem is not None:
             yield "$.proxy.controller_url", problem
+    for i, url in enumerate(config.proxy.controller_fallback_urls):
+        problem = _url_problem(url)
+        if problem is not None:
+            yield f"$.proxy.controller_fallback_urls[{i}]", problem
     headers = ("session_header", "priority_header", "zone_header")
     lowered = [getattr(config.proxy, h).lower() for h in headers]
     for i, header in enumerate(headers):

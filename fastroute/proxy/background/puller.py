@@ -76,6 +76,10 @@ class WeightsPuller:
         How often a standby worker retries the table's writer lock.
     rng : callable, optional
         Uniform [0, 1) source for the jitter (default ``random.random``).
+    fallback_urls : tuple of str
+        More controllers, tried in turn after the current one fails to answer (connection
+        error, timeout, an HTTP error such as a follower's 503 when it knows no leader):
+        several controllers on etcd, any of which redirects to the leader.
 
     Attributes
     ----------
@@ -105,8 +109,10 @@ class WeightsPuller:
         backoff_max_s: float = 15.0,
         lock_retry_s: float = 5.0,
         rng: Callable[[], float] = random.random,
+        fallback_urls: tuple[str, ...] = (),
     ) -> None:
-        self.url = controller_url.rstrip("/") + "/v1/table"
+        self.urls = [u.rstrip("/") + "/v1/table" for u in (controller_url, *fallback_urls)]
+        self.url = self.urls[0]
         self.table_name = table_name
         self.poll_timeout_s = poll_timeout_s
         self.timeout_margin_s = timeout_margin_s
@@ -220,6 +226,8 @@ class WeightsPuller:
         else:
             kind = "other"
         self.errors_total[kind] = self.errors_total.get(kind, 0) + 1
+        if kind in ("connect", "timeout", "http") and len(self.urls) > 1:  # try the next one
+            self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
         self._consecutive_errors += 1
         text = f"{kind}: {type(exc).__name__}: {exc}"
         if text != self.last_error:

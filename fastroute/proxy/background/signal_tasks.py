@@ -333,7 +333,11 @@ def install_signal_tasks(
         )
         if calibration() is not None:
             tasks.calibration = CalibrationPull(proxy.controller_url, calibration)
-        tasks.puller = WeightsPuller(proxy.controller_url, table_name or proxy.table_name)
+        tasks.puller = WeightsPuller(
+            proxy.controller_url,
+            table_name or proxy.table_name,
+            fallback_urls=proxy.controller_fallback_urls,
+        )
     if proxy.scrape_engines:
         tasks.scraper = EngineScraper(
             config.engines,

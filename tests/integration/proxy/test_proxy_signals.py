@@ -29,6 +29,7 @@ from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.signals.reports import DemandAggregator, Report, decode_report
 from fastroute.tables import TableReader, TableSnapshot, TableWriter
 from fastroute.tables.wire import encode_snapshot
+from fastroute.testing.processes import free_port
 from fastroute.testing.servers import serve_proxy_app
 
 pytestmark = pytest.mark.integration
@@ -213,6 +214,30 @@ def test_puller_fences_a_deposed_leaders_table(h: Harness, shm_name: str) -> Non
                 stub.publish(single)
                 await wait_until(lambda: puller.epoch is None)
                 assert _equal(_local(shm_name), single) and puller.fenced_total == fenced
+        finally:
+            await stub.stop()
+
+    h.run(main())
+
+
+def test_puller_tries_the_fallback_controllers_in_turn(h: Harness, shm_name: str) -> None:
+    """A dead first controller: the puller moves on to the next URL and applies its table."""
+
+    async def main() -> None:
+        stub = await StubController().start()
+        try:
+            table = _snap(3, [[2.0, 1.0]], meta={"epoch": 5})
+            stub.publish(table)
+            dead = f"http://127.0.0.1:{free_port()}"
+            puller = WeightsPuller(
+                dead, shm_name, poll_timeout_s=2.0, backoff_initial_s=0.05,
+                fallback_urls=(stub.url,),
+            )  # fmt: skip
+            async with _running(puller.run()):
+                await wait_until(lambda: puller.epoch == 5)
+                assert _equal(_local(shm_name), table)
+                assert puller.errors_total.get("connect", 0) >= 1
+                assert puller.url == stub.url + "/v1/table"
         finally:
             await stub.stop()
 
