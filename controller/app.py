@@ -35,6 +35,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controller.ha import RELAYED_HEADER
 from controller.metrics import ControllerMetrics
 from controller.options import ControllerOptions
 from controller.plan_page import render_plan_html
@@ -127,6 +128,9 @@ class ControllerApi:
             raise web.HTTPBadRequest(text=f"bad report: {exc}") from None
         self.service.observe(report)
         metrics.reports.labels(outcome="accepted").inc()
+        ha = self.service.ha
+        if ha is not None and RELAYED_HEADER not in request.headers:
+            ha.relay_report(data)  # the leader sees every proxy's demand
         return web.Response(status=204)
 
     async def calibration(self, request: web.Request) -> web.Response:

@@ -4,7 +4,8 @@
 and answers the service's one question, :meth:`ControllerHa.leading` (asked right before every
 publication); the leader's epoch goes into every table it publishes (``meta["epoch"]``), which
 the proxies' intake fences on. Followers keep taking reports and closing derating and
-profile-fit windows (a warm standby) but neither solve nor publish; ``GET /v1/table`` on a
+profile-fit windows (a warm standby) and relay the reports to the leader, but neither solve
+nor publish; ``GET /v1/table`` on a
 follower redirects to the leader (docs/operations.md "Running several controllers").
 """
 
@@ -14,10 +15,17 @@ import asyncio
 import contextlib
 from typing import Any
 
+import aiohttp
+
 from fastroute.config import ControllerHaConfig
 from fastroute.etcd import Election, EtcdClient
 
-__all__ = ["ControllerHa"]
+__all__ = ["MAX_RELAYS", "RELAYED_HEADER", "ControllerHa"]
+
+#: Bound on reports a follower relays to the leader at once (more are dropped and counted).
+MAX_RELAYS = 64
+#: Header on a relayed report, so a replica that is no longer leading never relays it again.
+RELAYED_HEADER = "x-fastroute-relayed"
 
 
 class ControllerHa:
@@ -40,6 +48,11 @@ class ControllerHa:
         self.config = config
         self.election: Election | None = None
         self._task: asyncio.Task[None] | None = None
+        self._relay_session: aiohttp.ClientSession | None = None
+        self._relays: set[asyncio.Task[None]] = set()
+        #: Reports relayed to the leader, and those dropped (failed, or over the bound).
+        self.relayed_total = 0
+        self.relay_dropped_total = 0
 
     def start(self, advertise_url: str) -> None:
         """Campaign (in a task) with ``controller.ha.advertise_url``, else ``advertise_url``."""
@@ -49,8 +62,48 @@ class ControllerHa:
         self.election = Election(client, cfg.election_key, url, cfg.lease_ttl_s)
         self._task = asyncio.create_task(self.election.run(), name="controller-election")
 
+    def relay_report(self, body: bytes) -> None:
+        """Forward a report a follower took to the leader (fire and forget, bounded).
+
+        Proxies report to one controller (``proxy.controller_url``); the leader must see every
+        proxy's demand, so followers relay. At most :data:`MAX_RELAYS` posts are in flight (a
+        report is a period's window: dropping one under overload only thins the forecast), each
+        bounded by ``etcd_timeout_s``.
+        """
+        leader = self.state_json()["leader"]
+        if not isinstance(leader, str) or self.leading():
+            return
+        if len(self._relays) >= MAX_RELAYS:
+            self.relay_dropped_total += 1
+            return
+        task = asyncio.create_task(self._relay(leader.rstrip("/") + "/v1/reports", body))
+        self._relays.add(task)
+        task.add_done_callback(self._relays.discard)
+
+    async def _relay(self, url: str, body: bytes) -> None:
+        if self._relay_session is None:
+            self._relay_session = aiohttp.ClientSession()
+        timeout = aiohttp.ClientTimeout(total=self.config.etcd_timeout_s)
+        headers = {"Content-Type": "application/msgpack", RELAYED_HEADER: "1"}
+        try:
+            async with self._relay_session.post(
+                url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+            ) as resp:
+                ok = resp.status == 204
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        if ok:
+            self.relayed_total += 1
+        else:
+            self.relay_dropped_total += 1
+
     async def stop(self) -> None:
         """Resign (revoke the lease, so a follower leads at once) and close the etcd client."""
+        for task in list(self._relays):
+            task.cancel()
+        if self._relay_session is not None:
+            await self._relay_session.close()
+            self._relay_session = None
         if self.election is None or self._task is None:
             return
         self.election.stop()

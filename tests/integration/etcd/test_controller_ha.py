@@ -1,11 +1,11 @@
 """Three ``fastroute controller`` processes on a real 3-member etcd cluster, one proxy, two
 emulated engines, all on loopback (lease TTL 2 s).
 
-Exactly one controller leads; followers answer ``/v1/table`` with a 307 to the leader. SIGKILL
-of the leader: a follower leads with a higher epoch within TTL + a renewal + a period, and the
-proxy (pointed at a follower, following the 307) applies the new epoch's tables while every
-request through it succeeds. All etcd members gone: the leader steps down and the proxy keeps
-serving its last table.
+Exactly one controller leads; followers answer ``/v1/table`` with a 307 to the leader and relay
+the proxy's reports to it. SIGKILL of the leader: a follower leads with a higher epoch within
+TTL + a renewal + a period, and the proxy (pointed at a follower, following the 307) applies the
+new epoch's tables while every request through it succeeds. All etcd members gone: the leader
+steps down and the proxy keeps serving its last table.
 """
 
 from __future__ import annotations
@@ -133,6 +133,9 @@ def test_one_leader_failover_and_etcd_outage(
         "the proxy to apply the first leader's table (through c1's 307)",
     )
     assert _complete(proxy_port)
+    # the proxy reports to c1 (a follower), which relays to the leader: c0 sees its demand
+    accepted = 'fastroute_controller_reports_total{outcome="accepted"}'
+    poll_until(lambda: (http_metric(ports[0], accepted) or 0) >= 2, "relayed reports at c0")
 
     os.killpg(ctls[0].pid, signal.SIGKILL)
     killed_at = time.monotonic()
