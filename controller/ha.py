@@ -107,7 +107,8 @@ class ControllerHa:
         if self.election is None or self._task is None:
             return
         self.election.stop()
-        with contextlib.suppress(asyncio.CancelledError):
+        # bounded: resigning tries each member once (len(etcd_urls) x etcd_timeout_s)
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(self._task, 5.0)
         await self.election.client.close()
 
