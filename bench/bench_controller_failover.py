@@ -196,15 +196,15 @@ def main() -> int:
     stack = Stack(root, args)
     stop = threading.Event()
     counts = {"ok": 0, "failed": 0}
-    samples: list[int] = []
+    samples: list[int] = []  # bounded by duration x 10 Hz
+    gap_samples: list[int] = []  # from each kill until the old leader is back as a follower
     kills: list[dict[str, float]] = []
     in_gap = threading.Event()
 
     def monitor() -> None:
         while not stop.is_set():
             n = len(stack.leaders())
-            if not in_gap.is_set():
-                samples.append(n)
+            (gap_samples if in_gap.is_set() else samples).append(n)
             time.sleep(0.1)
 
     try:
@@ -255,6 +255,8 @@ def main() -> int:
         "leader_samples": len(samples),
         "samples_not_one_leader": sum(1 for n in samples if n != 1),
         "max_leaders_seen": max(samples, default=0),
+        "gap_samples": len(gap_samples),
+        "max_leaders_in_gaps": max(gap_samples, default=0),
         "to_published_s": {"median": statistics.median(to_pub), "max": max(to_pub)}
         if to_pub
         else None,
