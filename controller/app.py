@@ -35,12 +35,14 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controller.ha import RELAYED_HEADER
 from controller.metrics import ControllerMetrics
 from controller.options import ControllerOptions
 from controller.plan_page import render_plan_html
 from controller.service import ControllerService
 from fastroute.config import Config
 from fastroute.signals.reports import ReportError, decode_report
+from fastroute.tables import TableSnapshot
 from fastroute.tables.wire import encode_snapshot
 
 __all__ = ["API", "SERVICE", "ControllerApi", "make_app"]
@@ -89,7 +91,9 @@ class ControllerApi:
             raise web.HTTPBadRequest(text=f"bad query: {exc}") from None
         fmt = _format(request)
         svc = self.service
-        if svc.snapshot is None or svc.snapshot.generation == after:
+        if svc.ha is not None and not svc.ha.leading():
+            raise _to_leader(svc.ha.state_json(), request)
+        if _same_table(svc.snapshot, after, q.get("epoch")):
             if self.waiters >= self.max_waiters:
                 raise web.HTTPServiceUnavailable(
                     text=f"too many parked long-polls ({self.max_waiters})",
@@ -124,6 +128,9 @@ class ControllerApi:
             raise web.HTTPBadRequest(text=f"bad report: {exc}") from None
         self.service.observe(report)
         metrics.reports.labels(outcome="accepted").inc()
+        ha = self.service.ha
+        if ha is not None and RELAYED_HEADER not in request.headers:
+            ha.relay_report(data)  # the leader sees every proxy's demand
         return web.Response(status=204)
 
     async def calibration(self, request: web.Request) -> web.Response:
@@ -147,15 +154,29 @@ class ControllerApi:
 
     async def health(self, request: web.Request) -> web.Response:
         svc = self.service
-        body = {
-            "status": "ok" if svc.snapshot is not None else "starting",
+        ok = svc.snapshot is not None
+        body: dict[str, object] = {
+            "status": "ok" if ok else "starting",
             "generation": svc.generation,
             "last_error": svc.last_error,
             "last_reload_error": svc.last_reload_error,
         }
-        return web.json_response(body, status=200 if svc.snapshot is not None else 503)
+        if svc.ha is not None:
+            body.update(svc.ha.state_json())
+            # a follower that knows its leader is a healthy standby
+            ok = (ok and svc.ha.leading()) or body["role"] == "follower"
+            body["status"] = "ok" if ok else body["role"]
+        return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
+        svc = self.service
+        if svc.ha is None:
+            svc.metrics.leader.set(1.0)
+            svc.metrics.epoch.set(-1.0)
+        else:
+            epoch = svc.ha.state_json()["epoch"]
+            svc.metrics.leader.set(1.0 if svc.ha.leading() else 0.0)
+            svc.metrics.epoch.set(-1.0 if epoch is None else float(epoch))
         body = generate_latest(self.service.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -167,6 +188,30 @@ def _json_default(value: object) -> object:
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _same_table(snap: TableSnapshot | None, after: int, epoch: str | None) -> bool:
+    """Whether the poller already has the table in force (so the poll parks): same generation,
+    and, when it names one, same epoch (a new leader's generations restart low)."""
+    if snap is None:
+        return True
+    if snap.generation != after:
+        return False
+    return epoch is None or str(snap.meta.get("epoch")) == epoch
+
+
+def _to_leader(state: dict[str, object], request: web.Request) -> web.HTTPException:
+    """307 to the leader's ``/v1/table`` (same query) when known, else 503 naming the state."""
+    leader = state.get("leader")
+    if isinstance(leader, str):
+        return web.HTTPTemporaryRedirect(
+            location=leader.rstrip("/") + request.path_qs,
+            headers={"x-fastroute-leader": leader},
+        )
+    return web.HTTPServiceUnavailable(
+        text=f"not the leader and no leader known (role {state.get('role')})",
+        headers={"Retry-After": "1"},
+    )
 
 
 def _format(request: web.Request) -> str:

@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="listen address (default controller.host)")
     parser.add_argument("--port", type=int, default=None, help="port (default controller.port)")
     parser.add_argument(
+        "--etcd", default=None, metavar="URL[,URL...]",
+        help="run as one of several controllers: campaign on these etcd members "
+        "(default controller.ha.etcd_urls; none: a single controller)",
+    )  # fmt: skip
+    parser.add_argument(
         "--mode", choices=("lp", "p-controller"), default="lp",
         help="control policy: the LP optimiser (default) or the legacy proportional controller "
         "(baseline for experiments; publishes its weights the same way)",
@@ -83,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if args.etcd is not None:
+        try:
+            config = _with_etcd(config, args.etcd)
+        except ValueError as exc:
+            print(f"--etcd: {exc}", file=sys.stderr)
+            return 2
     host = args.host if args.host is not None else config.controller.host
     port = args.port if args.port is not None else config.controller.port
     if not 0 <= port <= 65535:
@@ -142,6 +153,10 @@ async def _serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info("controller serving on %s", ", ".join(map(str, runner.addresses)))
+        ha = app[SERVICE].ha
+        if ha is not None:  # campaign once the advertised socket listens
+            bound_host, bound_port = runner.addresses[0][:2]
+            ha.start(f"http://{bound_host}:{bound_port}")
         follow = loop.create_task(sd.follow(lambda: _systemd_status(app)))
         reload_lock = asyncio.Lock()
 
@@ -170,7 +185,22 @@ async def _serve(
             await watcher
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
+        if app[SERVICE].ha is not None:
+            await app[SERVICE].ha.stop()  # resign first: a follower leads without a TTL wait
         await runner.cleanup()
+
+
+def _with_etcd(config: Config, urls: str) -> Config:
+    """``config`` with ``controller.ha.etcd_urls`` set from a comma-separated list."""
+    import msgspec
+
+    listed = tuple(u.strip() for u in urls.split(",") if u.strip())
+    if not listed:
+        raise ValueError("no URL given")
+    ha = msgspec.structs.replace(config.controller.ha, etcd_urls=listed)
+    ha.__post_init__()  # structs.replace does not validate
+    controller = msgspec.structs.replace(config.controller, ha=ha)
+    return msgspec.structs.replace(config, controller=controller)
 
 
 async def _watch_engines_state(config_path: str, hup: asyncio.Event) -> None:

@@ -59,6 +59,21 @@ class ControllerMetrics:
         self.reports = Counter(
             "fastroute_controller_reports", "Proxy reports by outcome", ["outcome"], registry=r
         )
+        self.tables_fenced = Counter(
+            "fastroute_controller_tables_fenced",
+            "Publications refused: the local table holds a newer controller epoch",
+            registry=r,
+        )
+        self.leader = Gauge(
+            "fastroute_controller_leader",
+            "1 while this controller leads the election (or runs without one), else 0",
+            registry=r,
+        )
+        self.epoch = Gauge(
+            "fastroute_controller_epoch",
+            "Epoch of the leader as this controller knows it (-1: unknown or no election)",
+            registry=r,
+        )
         self.alerts = Counter(
             "fastroute_controller_alerts",
             "Periods that kept the last good table, by reason",

@@ -197,6 +197,18 @@ def _header(plan: Mapping[str, Any]) -> str:
         ("live workers", _fmt(plan.get("live_workers"), "d")),
         ("prefix-cache hit rate", _prefix_cache(_dict(plan.get("prefix_cache")))),
     ]
+    ha = _dict(plan.get("ha"))
+    if ha:  # several controllers on etcd: this one's role, the epoch, the leaders seen
+        history = [_dict(r) for r in _list(ha.get("history"))]
+        seen = ", ".join(
+            f"{_fmt(r.get('epoch'), 'd')} {_fmt(r.get('url'))} ({_stamp(r.get('seen_at'))})"
+            for r in reversed(history)
+        )
+        rows += [
+            ("role / epoch", f"{_fmt(ha.get('role'))} / {_fmt(ha.get('epoch'), 'd')}"),
+            ("leader", _fmt(ha.get("leader"))),
+            ("leaders seen (newest first)", seen or "none"),
+        ]
     err = plan.get("last_error")
     if err:
         rows.append(("last error", f'<span class="err">{_fmt(err)}</span>'))

@@ -73,6 +73,7 @@ import numpy.typing as npt
 from controller.calibration import CalibrationBoard
 from controller.demand import DemandForecaster, carry_forecast
 from controller.explain import classes_json, engines_json, plan_fields, prefix_cache_json
+from controller.ha import ControllerHa
 from controller.health import LevelChange
 from controller.learning import FleetLearning
 from controller.metrics import ControllerMetrics
@@ -84,7 +85,7 @@ from controller.scrape import EngineScraper, ScrapeWindow
 from controller.tenant_demand import TenantBoard
 from controller.why import PlanContext, explain_engines
 from fastroute.config import Config
-from fastroute.errors import TableError
+from fastroute.errors import TableError, TableFencedError
 from fastroute.signals.reports import Report
 from fastroute.tables import TableSnapshot
 
@@ -205,6 +206,11 @@ class ControllerService:
         #: (cleared by the next successful one).
         self.reloads_total = 0
         self.last_reload_error: str | None = None
+        #: The etcd election when ``[controller.ha]`` names etcd (None: one controller, always
+        #: publishing, no epoch in the tables).
+        self.ha: ControllerHa | None = (
+            ControllerHa(config.controller.ha) if config.controller.ha.etcd_urls else None
+        )
 
     @property
     def model(self) -> FleetModel:
@@ -444,6 +450,8 @@ class ControllerService:
         now_s = self.clock()
         self.forecaster.update(now_s)
         self.close_window(now_s)
+        if not self._may_publish():  # warm standby: windows and profile fits, no solve
+            return False
         inputs = self._period_inputs(now_s)
         t0 = time.perf_counter()
         try:
@@ -470,15 +478,28 @@ class ControllerService:
         unchanged = (
             self.publisher.unchanged(self.plan, w, sigma, retry, flags)
             and tenant_meta == previous_tenant_meta
-        )
+            and self.snapshot is not None
+            and self.snapshot.meta.get("epoch") == self._epoch()
+        )  # a new term republishes at once, stamped with the new epoch
         if unchanged:
             snap = self.publisher.snapshot
             assert snap is not None
         else:
+            if not self._may_publish():  # the lease may have lapsed during the solve
+                return False
             try:
                 snap = await self.publisher.publish(
-                    self.model, w, sigma, retry, {**_meta(plan_id, period), **tenant_meta}, flags
+                    self.model,
+                    w,
+                    sigma,
+                    retry,
+                    {**_meta(plan_id, period, self._epoch()), **tenant_meta},
+                    flags,
                 )
+            except TableFencedError as exc:
+                self.metrics.tables_fenced.inc()
+                self._alert("fenced", str(exc))
+                return False
             except (TableError, ValueError, OSError) as exc:
                 self._alert("publish_error", str(exc))
                 return False
@@ -498,6 +519,13 @@ class ControllerService:
             offered[c.priority] = offered.get(c.priority, 0.0) + float(d)
             shed[c.priority] = shed.get(c.priority, 0.0) + float(d) * float(f)
         return {p: (shed[p] / offered[p] if offered[p] > 0 else 0.0) for p in offered}
+
+    def _may_publish(self) -> bool:
+        """No election, or this replica leads."""
+        return self.ha is None or self.ha.leading()
+
+    def _epoch(self) -> int | None:
+        return None if self.ha is None else self.ha.epoch
 
     def _adopt_plan(self, plan: Plan) -> None:
         """``plan`` is in force: keep it, clear the error, export its gauges."""
@@ -535,6 +563,7 @@ class ControllerService:
             "profile_updates_total": learning.profile_updates_total,
             "reprofiles_total": learning.reprofiles_total,
             "classes": [],
+            "ha": None if self.ha is None else self.ha.plan_json(),
         }
         if self.plan is not None:
             out.update(plan_fields(self.plan))
@@ -551,15 +580,19 @@ class ControllerService:
         return out
 
 
-def _meta(plan_id: int, period: PeriodPlan) -> dict[str, Any]:
-    """The table's ``meta`` for a new generation of ``period``."""
+def _meta(plan_id: int, period: PeriodPlan, epoch: int | None) -> dict[str, Any]:
+    """The table's ``meta`` for a new generation of ``period``; ``epoch`` (the leader's, for
+    the proxies' fence) only under an election."""
     res = period.result
-    return {
+    meta: dict[str, Any] = {
         "plan_id": plan_id,
         "status": res.status,
         "objective": res.objective,
         "solve_time_s": res.solve_time_s,
     }
+    if epoch is not None:
+        meta["epoch"] = epoch
+    return meta
 
 
 def _make_plan(

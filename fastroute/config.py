@@ -87,6 +87,7 @@ __all__ = [
     "DeratingConfig",
     "ControllerConfig",
     "TracingConfig",
+    "ControllerHaConfig",
     "Config",
     "load_config",
     "decode_config",
@@ -767,6 +768,11 @@ class ProxyConfig(_Section):
         snapshots from it and reports to it. Unset means the controller shares this
         host's ``table_name``, and the proxy reports its demand to the ``[controller]``
         section's host and port (none when that port is 0).
+    controller_fallback_urls : array of str
+        More controllers (several on etcd, docs/operations.md "Running several
+        controllers"), tried in order for the table after ``controller_url`` fails to
+        answer (connection error, timeout, HTTP error); any of them redirects to the leader.
+        Reports still go to ``controller_url`` (a follower relays them to the leader).
     report_interval_s : float
         How often the proxy reports demand and in-band signals to the controller.
     scrape_engines : bool
@@ -809,6 +815,10 @@ class ProxyConfig(_Section):
     stats_name: SegmentName = "fastroute-stats"
     response_map_capacity: Annotated[int, msgspec.Meta(ge=8, le=1 << 24, multiple_of=8)] = 65536
     controller_url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)] | None = None
+    controller_fallback_urls: Annotated[
+        tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=2048)], ...],
+        msgspec.Meta(max_length=16),
+    ] = ()
     report_interval_s: PositiveSeconds = 1.0
     scrape_engines: bool = False
     scrape_interval_s: PositiveSeconds = 1.0
@@ -879,6 +889,51 @@ class DeratingConfig(_Section):
     max_derated_fraction: Fraction = 0.25
 
 
+class ControllerHaConfig(_Section):
+    """Several controllers on etcd, one leading (``[controller.ha]``; docs/operations.md
+    "Running several controllers"). Off while ``etcd_urls`` is empty: one controller, as before.
+
+    Attributes
+    ----------
+    etcd_urls : array of str
+        Client URLs of the etcd members (``http://host:2379``); ``fastroute controller --etcd``
+        overrides them. Every call tries them in turn.
+    lease_ttl_s : int
+        Lease TTL of the election, seconds. A dead leader is replaced after at most this plus
+        one renewal interval (TTL/3), plus one period to publish; the leader renews every TTL/3
+        and stops publishing TTL/4 before its lease could expire, so a stall (GC pause, blocked
+        scrape, etcd leader change ~1 s) shorter than about TTL/2 costs nothing. 10 s keeps
+        failover within about two default periods while absorbing multi-second stalls.
+    election_key : str
+        The etcd key the leader creates under its lease (value: its ``advertise_url``); all
+        controllers of one deployment share it, another deployment uses another key.
+    advertise_url : str or None
+        The URL followers redirect ``GET /v1/table`` to while this controller leads, and the
+        proxies reach it by; None: ``http://<host>:<port>`` of the listening socket.
+    etcd_timeout_s : float
+        Timeout of one etcd call on one member, seconds; below TTL/3 so a dead member costs
+        less than one renewal interval before the next is tried.
+    """
+
+    etcd_urls: Annotated[tuple[str, ...], msgspec.Meta(max_length=16)] = ()
+    lease_ttl_s: Annotated[int, msgspec.Meta(ge=1, le=300)] = 10
+    election_key: Annotated[
+        str, msgspec.Meta(min_length=2, max_length=512, pattern=r"^/[A-Za-z0-9._/-]+$")
+    ] = "/fastroute/controller/leader"
+    advertise_url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)] | None = None
+    etcd_timeout_s: PositiveSeconds = 1.0
+
+    def __post_init__(self) -> None:
+        for url in self.etcd_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"controller.ha.etcd_urls: {url!r} must start with http://")
+        if self.etcd_urls and self.etcd_timeout_s >= self.lease_ttl_s / 3:
+            raise ValueError(
+                f"controller.ha.etcd_timeout_s ({self.etcd_timeout_s}) must be below "
+                f"lease_ttl_s / 3 ({self.lease_ttl_s / 3:g}): a renewal must fit its interval"
+            )
+
+
 class ControllerConfig(_Section):
     """The control plane process (``fastroute controller``; docs/algorithms.md §1).
 
@@ -917,6 +972,8 @@ class ControllerConfig(_Section):
         Per-priority shed penalty multipliers, ``[controller.shed_penalties]``.
     derating : table
         Anomaly scoring and derating, ``[controller.derating]``.
+    ha : table
+        Several controllers on etcd, ``[controller.ha]``.
     """
 
     host: Host = "127.0.0.1"
@@ -940,6 +997,7 @@ class ControllerConfig(_Section):
     long_poll_timeout_s: PositiveSeconds = 30.0
     shed_penalties: ShedPenaltiesConfig = ShedPenaltiesConfig()
     derating: DeratingConfig = DeratingConfig()
+    ha: ControllerHaConfig = ControllerHaConfig()
 
 
 # --------------------------------------------------------------------------------------------
@@ -1597,6 +1655,10 @@ def _cross_field_problems(config: Config) -> Iterator[tuple[str, str]]:
         problem = _url_problem(config.proxy.controller_url)
         if problem is not None:
             yield "$.proxy.controller_url", problem
+    for i, url in enumerate(config.proxy.controller_fallback_urls):
+        problem = _url_problem(url)
+        if problem is not None:
+            yield f"$.proxy.controller_fallback_urls[{i}]", problem
     headers = ("session_header", "priority_header", "zone_header")
     lowered = [getattr(config.proxy, h).lower() for h in headers]
     for i, header in enumerate(headers):

@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "NoEngineAvailable",
     "TableError",
+    "TableFencedError",
     "TableNotFoundError",
     "TableEmptyError",
     "TableFormatError",
@@ -67,6 +68,10 @@ class TableLockedError(TableError):
 
 class TableValueError(TableError, ValueError):
     """A value to publish is invalid (NaN, negative or infinite weight, fraction outside [0, 1])."""
+
+
+class TableFencedError(TableError):
+    """A table of an older controller epoch than the one in force (a deposed leader's)."""
 
 
 class ConfigError(FastrouteError, ValueError):

@@ -17,7 +17,7 @@ to take its place in the picture before it can land. What the matrix says in wor
   simulator, the fleet benchmark harness and the test helpers do (``demo`` goes through the
   harness);
 * ``controller`` imports only
-  ``fastroute.{tables,signals,config,discovery,errors,hardware,hashing,systemd}``
+  ``fastroute.{tables,signals,config,discovery,errors,etcd,hardware,hashing,systemd}``
   (and may import ``policy`` and ``guards``), never ``proxy``;
 * the solver (``highspy``) is the controller's alone; the asyncio stack (``aiohttp``,
   ``uvloop``) stays out of the pure layers;
@@ -72,11 +72,13 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         },
         "fastroute.loadgen": set(),
         "fastroute.discovery": {"fastroute.config", "fastroute.errors"},
+        "fastroute.etcd": {"fastroute.errors"},
         "fastroute.proxy": {
             "fastroute._core",
             "fastroute.config",
             "fastroute.discovery",
             "fastroute.errors",
+            "fastroute.etcd",
             "fastroute.guards",
             "fastroute.hashing",
             "fastroute.policy",
@@ -123,6 +125,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
             "fastroute.config",
             "fastroute.discovery",
             "fastroute.errors",
+            "fastroute.etcd",
             "fastroute.guards",
             "fastroute.hardware",
             "fastroute.hashing",
@@ -184,6 +187,7 @@ NEVER: list[tuple[str, tuple[str, ...]]] = [
             "fastroute.tables",
             "fastroute.config",
             "fastroute.discovery",
+            "fastroute.etcd",
             "fastroute.loadgen",
             "controller",
         )

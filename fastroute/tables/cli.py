@@ -16,6 +16,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show = sub.add_parser("show", help="print the current generation of a table")
     show.add_argument("name", help="segment name (a file under /dev/shm)")
     show.add_argument("--json", action="store_true", help="machine-readable output")
+    stale = sub.add_parser(
+        "stale", help="list (and with --remove delete) tables whose writer process is gone"
+    )
+    stale.add_argument(
+        "--min-age-s", type=float, default=0.0, help="only tables at least this old (default 0)"
+    )
+    stale.add_argument("--remove", action="store_true", help="delete the tables listed")
+
+
+def _run_stale(args: argparse.Namespace) -> int:
+    from fastroute.tables.stale import find_stale, remove_stale
+
+    if not args.min_age_s >= 0:
+        print(f"--min-age-s must be >= 0, got {args.min_age_s}", file=sys.stderr)
+        return 2
+    tables = find_stale(args.min_age_s)
+    for t in tables:
+        epoch = "none" if t.epoch is None else str(t.epoch)
+        print(f"{t.name}: generation {t.generation}, {t.age_s:.1f} s old, epoch {epoch}")
+    if args.remove:
+        for name in remove_stale(tables):
+            print(f"removed {name}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from fastroute.errors import TableError
     from fastroute.tables import TableReader
 
+    if args.table_command == "stale":
+        return _run_stale(args)
     try:
         with TableReader(args.name, verify=True) as reader:
             snap = reader.snapshot()

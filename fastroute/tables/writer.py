@@ -11,10 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from fastroute._core import AtomicBuffer
-from fastroute.errors import TableDimensionError, TableFormatError, TableValueError
+from fastroute.errors import (
+    TableDimensionError,
+    TableFencedError,
+    TableFormatError,
+    TableValueError,
+)
 from fastroute.tables.layout import (
     BUFFER_HEADER,
     GENERATION_OFFSET,
@@ -83,6 +89,27 @@ class TableWriter:
             BufferViews(self._mm, self.layout, self.layout.buffer_offset(0)),
             BufferViews(self._mm, self.layout, self.layout.buffer_offset(1)),
         )
+        #: The highest controller epoch (``meta["epoch"]``) this segment published; tables of a
+        #: lower epoch are fenced off (:class:`TableFencedError`). None: none carried one.
+        self.epoch: int | None = self._epoch_in_force()
+        #: Tables refused by the epoch fence.
+        self.fenced_total = 0
+
+    def _epoch_in_force(self) -> int | None:
+        """``meta["epoch"]`` of the generation in the segment (taken over), if any."""
+        if self._generation == 0:
+            return None
+        base = self.layout.buffer_offset(self._generation & 1)
+        fields = BUFFER_HEADER.unpack(self._mm[base : base + BUFFER_HEADER.size])
+        meta_len = fields[-1]
+        if not 0 < meta_len <= len(self._views[self._generation & 1].meta):
+            return None
+        raw = bytes(self._views[self._generation & 1].meta[:meta_len])
+        try:
+            epoch = msgspec.msgpack.decode(raw).get("epoch")
+        except (msgspec.DecodeError, AttributeError):
+            return None
+        return epoch if isinstance(epoch, int) else None
 
     # -- segment life cycle -------------------------------------------------------
 
@@ -226,6 +253,7 @@ class TableWriter:
                 f"segment {self.name!r} publishes generation {generation} next, "
                 f"not {snap.generation}"
             )
+        self._fence(snap)
         meta_bytes = snap.meta_bytes
         index = generation & 1
         base = self.layout.buffer_offset(index)
@@ -251,6 +279,20 @@ class TableWriter:
         self._atomic.store_u64(GENERATION_OFFSET, generation)
         self._generation = generation
         return generation
+
+    def _fence(self, snap: TableSnapshot) -> None:
+        """Refuse a table of an older controller epoch than the one in force (a deposed
+        leader's); a table without an epoch (one controller, no HA) always passes."""
+        epoch = snap.meta.get("epoch") if snap.meta_bytes else None
+        if not isinstance(epoch, int):
+            return
+        if self.epoch is not None and epoch < self.epoch:
+            self.fenced_total += 1
+            raise TableFencedError(
+                f"segment {self.name!r}: table of controller epoch {epoch} refused, "
+                f"epoch {self.epoch} is in force"
+            )
+        self.epoch = epoch
 
     # -- teardown ------------------------------------------------------------------
 

@@ -657,3 +657,21 @@ def test_module_cli_prints_docs_and_checks_files(tmp_path: Path) -> None:
     bad.write_text(MINIMAL.replace(":9100", ""))
     failed = subprocess.run([*run, str(bad)], capture_output=True, text=True, cwd=ROOT)
     assert failed.returncode == 1 and "- at `$.engines[0].url`" in failed.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# [controller.ha]
+
+
+def test_controller_ha_is_off_by_default_and_validated() -> None:
+    assert decode_config(MINIMAL).controller.ha.etcd_urls == ()
+    ok = decode_config(
+        MINIMAL + '[controller.ha]\netcd_urls = ["http://127.0.0.1:2379"]\nlease_ttl_s = 2\n'
+        "etcd_timeout_s = 0.4\n"
+    )
+    assert ok.controller.ha.lease_ttl_s == 2
+    assert "http://" in str(_error(MINIMAL + '[controller.ha]\netcd_urls = ["etcd1:2379"]\n'))
+    slow = _error(MINIMAL + '[controller.ha]\netcd_urls = ["http://e:2379"]\nlease_ttl_s = 2\n')
+    assert "lease_ttl_s / 3" in str(slow)  # the default 1 s timeout cannot fit a 2/3 s renewal
+    bad = _error(MINIMAL + '[proxy]\ncontroller_fallback_urls = ["ctl2:8090"]\n')
+    assert "controller_fallback_urls[0]" in str(bad)

@@ -11,6 +11,7 @@ import pytest
 from fastroute.errors import (
     TableDimensionError,
     TableEmptyError,
+    TableFencedError,
     TableFormatError,
     TableLockedError,
     TableNotFoundError,
@@ -313,3 +314,23 @@ def test_invalid_names_are_rejected() -> None:
     for bad in ("../etc", "a/b", "", "x.lock", ".hidden"):
         with pytest.raises(ValueError, match="invalid segment name"):
             TableWriter(bad)
+
+
+def test_writer_fences_tables_of_an_older_epoch(shm_name: str) -> None:
+    """A deposed leader's table (older ``meta["epoch"]``) is refused and counted, also after
+    the segment is taken over; tables without an epoch always pass."""
+    ids = [1, 2]
+    w = np.array([[1.0, 1.0]])
+    with TableWriter(shm_name, max_engines=4, max_classes=2) as writer:
+        writer.publish(ids, w, meta={"epoch": 9})
+        assert writer.epoch == 9
+        with pytest.raises(TableFencedError, match="epoch 4 refused, epoch 9"):
+            writer.publish(ids, w, meta={"epoch": 4})
+        assert writer.fenced_total == 1 and writer.generation == 1
+        writer.publish(ids, w, meta={"plan_id": 3})  # no epoch: no HA, not fenced
+        writer.publish(ids, w, meta={"epoch": 12})
+    with TableWriter(shm_name, max_engines=4, max_classes=2) as taken_over:
+        assert taken_over.epoch == 12
+        with pytest.raises(TableFencedError):
+            taken_over.publish(ids, w, meta={"epoch": 11})
+        assert taken_over.generation == 3

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from fastroute.errors import TableError, TableLockedError
+from fastroute.errors import TableError, TableFencedError, TableLockedError
 from fastroute.tables import TableWriter
 from fastroute.tables.wire import (
     MSGPACK_CONTENT_TYPE,
@@ -76,6 +76,10 @@ class WeightsPuller:
         How often a standby worker retries the table's writer lock.
     rng : callable, optional
         Uniform [0, 1) source for the jitter (default ``random.random``).
+    fallback_urls : tuple of str
+        More controllers, tried in turn after the current one fails to answer (connection
+        error, timeout, an HTTP error such as a follower's 503 when it knows no leader):
+        several controllers on etcd, any of which redirects to the leader.
 
     Attributes
     ----------
@@ -86,7 +90,7 @@ class WeightsPuller:
     updates_total, polls_total : int
     errors_total : dict of str to int
         Failed polls by kind: ``connect``, ``timeout``, ``http``, ``decode``,
-        ``table``, ``too_large``, ``other``.
+        ``table``, ``too_large``, ``fenced``, ``other``.
     active : bool
         This worker holds the writer lock (False: standby or not started).
     last_error : str or None
@@ -105,8 +109,10 @@ class WeightsPuller:
         backoff_max_s: float = 15.0,
         lock_retry_s: float = 5.0,
         rng: Callable[[], float] = random.random,
+        fallback_urls: tuple[str, ...] = (),
     ) -> None:
-        self.url = controller_url.rstrip("/") + "/v1/table"
+        self.urls = [u.rstrip("/") + "/v1/table" for u in (controller_url, *fallback_urls)]
+        self.url = self.urls[0]
         self.table_name = table_name
         self.poll_timeout_s = poll_timeout_s
         self.timeout_margin_s = timeout_margin_s
@@ -117,6 +123,10 @@ class WeightsPuller:
         self.rng = rng
         self.controller_generation = 0
         self.local_generation = 0
+        #: Controller epoch (``meta["epoch"]``) of the table in force; None: none carried one.
+        self.epoch: int | None = None
+        #: Tables refused because their epoch is older than :attr:`epoch` (a deposed leader's).
+        self.fenced_total = 0
         self.updates_total = 0
         self.polls_total = 0
         self.errors_total: dict[str, int] = {}
@@ -139,6 +149,8 @@ class WeightsPuller:
         assert self._session is not None and self._writer is not None
         self.polls_total += 1
         params = {"after": str(self.controller_generation), "timeout_s": f"{self.poll_timeout_s:g}"}
+        if self.epoch is not None:  # a controller of another epoch answers at once
+            params["epoch"] = str(self.epoch)
         timeout = aiohttp.ClientTimeout(
             total=self.poll_timeout_s + self.timeout_margin_s, connect=self.connect_timeout_s
         )
@@ -156,16 +168,24 @@ class WeightsPuller:
             if len(data) > MAX_SNAPSHOT_BYTES:
                 raise PullError("too_large", f"snapshot over {MAX_SNAPSHOT_BYTES} bytes")
         snap = await asyncio.to_thread(decode_snapshot, data)
-        if snap.generation == self.controller_generation:
+        epoch = snap.meta.get("epoch") if snap.meta_bytes else None
+        epoch = epoch if isinstance(epoch, int) else None
+        self._fence(epoch)
+        if snap.generation == self.controller_generation and epoch == self.epoch:
             return False
-        if snap.generation < self.controller_generation:
+        if snap.generation < self.controller_generation and epoch == self.epoch:
             logger.warning(
                 "controller generation went back from %d to %d (controller restarted?)",
                 self.controller_generation,
                 snap.generation,
             )
-        self.local_generation = await asyncio.to_thread(publish_snapshot, self._writer, snap)
+        try:
+            self.local_generation = await asyncio.to_thread(publish_snapshot, self._writer, snap)
+        except TableFencedError as exc:  # the local segment holds a newer epoch already
+            self.fenced_total += 1
+            raise PullError("fenced", str(exc)) from None
         self.controller_generation = snap.generation
+        self.epoch = epoch  # None: back to a single controller without an election
         self.updates_total += 1
         logger.info(
             "weights: controller generation %d published as local generation %d of %r",
@@ -174,6 +194,17 @@ class WeightsPuller:
             self.table_name,
         )
         return True
+
+    def _fence(self, epoch: int | None) -> None:
+        """Refuse a table of an older epoch than the one in force (a deposed leader's).
+
+        Counted, logged once (the error text names both epochs) and backed off like an error,
+        so a stale controller answering at once cannot spin the poll loop. Tables without an
+        epoch (one controller, no HA) always pass."""
+        if epoch is None or self.epoch is None or epoch >= self.epoch:
+            return
+        self.fenced_total += 1  # _record_error logs it once per (epoch, epoch in force)
+        raise PullError("fenced", f"table of epoch {epoch} older than {self.epoch}")
 
     # -- the task -----------------------------------------------------------------------------
 
@@ -195,6 +226,8 @@ class WeightsPuller:
         else:
             kind = "other"
         self.errors_total[kind] = self.errors_total.get(kind, 0) + 1
+        if kind in ("connect", "timeout", "http") and len(self.urls) > 1:  # try the next one
+            self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
         self._consecutive_errors += 1
         text = f"{kind}: {type(exc).__name__}: {exc}"
         if text != self.last_error:

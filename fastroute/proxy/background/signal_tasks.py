@@ -22,6 +22,8 @@ Their counters are exported on the app's ``/metrics`` (read at scrape time):
 ``fastroute_proxy_weights_pulls_total``            counter  long-polls made
 ``fastroute_proxy_weights_updates_total``          counter  tables published locally
 ``fastroute_proxy_weights_pull_errors_total``      counter  kind
+``fastroute_proxy_tables_fenced_total``            counter  tables of an older epoch refused
+``fastroute_proxy_weights_controller_epoch``       gauge    epoch in force (-1: none)
 ``fastroute_proxy_weights_controller_generation``  gauge    controller generation applied
 ``fastroute_proxy_weights_puller_active``          gauge    1: this worker holds the lock
 ``fastroute_proxy_reports_total``                  counter  outcome (sent, failed)
@@ -135,6 +137,16 @@ class _SignalCollector(Collector):
                 "fastroute_proxy_weights_updates", "Controller tables published locally.",
                 value=puller.updates_total,
             )  # fmt: skip
+            yield CounterMetricFamily(
+                "fastroute_proxy_tables_fenced",
+                "Controller tables refused: their epoch is older than the one in force.",
+                value=puller.fenced_total,
+            )
+            yield GaugeMetricFamily(
+                "fastroute_proxy_weights_controller_epoch",
+                "Controller epoch of the table in force (-1: none carried one).",
+                value=-1 if puller.epoch is None else puller.epoch,
+            )
             errors = CounterMetricFamily(
                 "fastroute_proxy_weights_pull_errors", "Failed polls by kind.", labels=["kind"]
             )
@@ -338,7 +350,11 @@ def install_signal_tasks(
         if calibration() is not None:
             tasks.calibration = CalibrationPull(report_url, calibration)
     if proxy.controller_url:  # a controller on this host writes the table into shared memory
-        tasks.puller = WeightsPuller(proxy.controller_url, table_name or proxy.table_name)
+        tasks.puller = WeightsPuller(
+            proxy.controller_url,
+            table_name or proxy.table_name,
+            fallback_urls=proxy.controller_fallback_urls,
+        )
     if proxy.scrape_engines:
         tasks.scraper = EngineScraper(
             config.engines,

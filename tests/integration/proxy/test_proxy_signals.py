@@ -29,6 +29,7 @@ from fastroute.proxy.proxy_app import ProxyApp
 from fastroute.signals.reports import DemandAggregator, Report, decode_report
 from fastroute.tables import TableReader, TableSnapshot, TableWriter
 from fastroute.tables.wire import encode_snapshot
+from fastroute.testing.processes import free_port
 from fastroute.testing.servers import serve_proxy_app
 
 pytestmark = pytest.mark.integration
@@ -64,11 +65,12 @@ class StubController:
         if self.garbage_next:
             self.garbage_next -= 1
             return web.Response(body=b"\x92\x01\x02", content_type="application/msgpack")
-        if self.snapshot is None or self.snapshot.generation == after:
+        epoch = request.query.get("epoch")  # like the controller: another epoch answers at once
+        if self._same(after, epoch):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout_s)
         snap = self.snapshot
-        if snap is None or snap.generation == after:
+        if snap is None or self._same(after, epoch):
             return web.Response(status=304)
         fmt = "json" if "json" in request.headers.get("Accept", "") else "msgpack"
         return web.Response(
@@ -76,6 +78,12 @@ class StubController:
             content_type=f"application/{fmt}",
             headers={"x-fastroute-generation": str(snap.generation)},
         )
+
+    def _same(self, after: int, epoch: str | None) -> bool:
+        snap = self.snapshot
+        if snap is None:
+            return True
+        return snap.generation == after and epoch in (None, str(snap.meta.get("epoch")))
 
     async def post_report(self, request: web.Request) -> web.Response:
         self.report_content_types.append(request.content_type)
@@ -171,6 +179,65 @@ def test_puller_long_polls_and_mirrors_the_served_table(h: Harness, shm_name: st
                 assert [after for _, after in stub.polls[:3]] == [0, 1, 7][: len(stub.polls[:3])]
             assert len(stub.polls) <= 5, stub.polls
             assert puller.errors_total == {}
+        finally:
+            await stub.stop()
+
+    h.run(main())
+
+
+def test_puller_fences_a_deposed_leaders_table(h: Harness, shm_name: str) -> None:
+    """A table of an older epoch than the one applied (a deposed leader's, pushed after the new
+    one) is counted and refused, the local table unchanged; a newer epoch's table is applied even
+    though its generations restart low; a table without an epoch is never fenced."""
+
+    async def main() -> None:
+        stub = await StubController().start()
+        try:
+            puller = _puller(stub, shm_name)
+            new_leader = _snap(4, [[1.0, 2.0]], meta={"epoch": 50})
+            stub.publish(new_leader)
+            async with _running(puller.run()):
+                # the table lands (worker thread) a moment before the puller notes its epoch
+                await wait_until(lambda: puller.epoch == 50)
+                assert _equal(_local(shm_name), new_leader)
+                stub.publish(_snap(9, [[7.0, 7.0]], meta={"epoch": 41}))  # the deposed leader
+                await wait_until(lambda: puller.fenced_total == 1)
+                assert _equal(_local(shm_name), new_leader)
+                assert puller.epoch == 50 and puller.controller_generation == 4
+                successor = _snap(1, [[0.0, 3.0]], meta={"epoch": 77})  # generations restart
+                stub.publish(successor)
+                await wait_until(lambda: puller.epoch == 77)
+                assert _equal(_local(shm_name), successor)
+                assert puller.errors_total.get("fenced", 0) >= 1
+                fenced = puller.fenced_total  # the stale table may be refused once per backoff
+                single = _snap(2, [[5.0, 5.0]])  # back to one controller without an election
+                stub.publish(single)
+                await wait_until(lambda: puller.epoch is None)
+                assert _equal(_local(shm_name), single) and puller.fenced_total == fenced
+        finally:
+            await stub.stop()
+
+    h.run(main())
+
+
+def test_puller_tries_the_fallback_controllers_in_turn(h: Harness, shm_name: str) -> None:
+    """A dead first controller: the puller moves on to the next URL and applies its table."""
+
+    async def main() -> None:
+        stub = await StubController().start()
+        try:
+            table = _snap(3, [[2.0, 1.0]], meta={"epoch": 5})
+            stub.publish(table)
+            dead = f"http://127.0.0.1:{free_port()}"
+            puller = WeightsPuller(
+                dead, shm_name, poll_timeout_s=2.0, backoff_initial_s=0.05,
+                fallback_urls=(stub.url,),
+            )  # fmt: skip
+            async with _running(puller.run()):
+                await wait_until(lambda: puller.epoch == 5)
+                assert _equal(_local(shm_name), table)
+                assert puller.errors_total.get("connect", 0) >= 1
+                assert puller.url == stub.url + "/v1/table"
         finally:
             await stub.stop()
 

@@ -324,3 +324,22 @@ def test_tenants_admitted_and_shed_are_shown_and_escaped() -> None:
     assert "&lt;a&gt;" in html and "<a>" not in html
     assert "6 rps" in html and "40.0%" in html
     assert "<h2>Tenants</h2>" not in render_plan_html({}, refresh_s=None)
+
+
+def test_plan_page_shows_the_election_role_epoch_and_leaders_seen() -> None:
+    plan = {
+        "ha": {
+            "role": "follower",
+            "epoch": 7,
+            "leader": "http://c1<x>",
+            "history": [
+                {"epoch": 3, "url": "http://c0", "seen_at": 1.7e9},
+                {"epoch": 7, "url": "http://c1<x>", "seen_at": 1.7e9 + 60},
+            ],
+        }
+    }
+    page = render_plan_html(plan)
+    assert "follower / 7" in page
+    assert "http://c1&lt;x&gt;" in page and "<x>" not in page
+    assert page.index("7 http://c1") < page.index("3 http://c0")  # newest first
+    assert "role / epoch" not in render_plan_html({})  # one controller: no election rows
