@@ -155,6 +155,11 @@ class ChaosRun:
     def __post_init__(self) -> None:
         self.procs = ProcessSet(self.run_dir)
         self.config_path = self.run_dir / "fastroute.toml"
+        # the run's shared memory (table, stats, tenant counters) in its own directory, so no
+        # table of a finished run is left in /dev/shm for a later proxy to find
+        self.shm_dir = self.run_dir / "shm"
+        self.shm_dir.mkdir(parents=True, exist_ok=True)
+        self.env = {"FASTROUTE_SHM_DIR": str(self.shm_dir)}
 
     def _cmd(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "fastroute", "--log-level", "WARNING", *args]
@@ -177,6 +182,7 @@ class ChaosRun:
         self.controller = self.procs.start(
             f"controller-{self.restarts['controller']}",
             self._cmd("controller", "--config", str(self.config_path)),
+            env=self.env,
         )
         self.restarts["controller"] += 1
         await wait_http_ok(
@@ -198,7 +204,7 @@ class ChaosRun:
         await asyncio.gather(*(self._start_engine(k) for k in range(n)))
         await self._start_controller()
         serve = self._cmd("serve", "--config", str(self.config_path))
-        self.proxy = self.procs.start("proxy", serve)
+        self.proxy = self.procs.start("proxy", serve, env=self.env)
         await wait_http_ok(self.proxy_url + "/ready", timeout_s=READY_TIMEOUT_S, process=self.proxy)
 
     async def _engine_fault(self, k: int, body: dict[str, object] | None) -> None:
