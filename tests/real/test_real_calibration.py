@@ -27,12 +27,14 @@ PROFILE = "cpu-tiny-llama-vllm"
 #: Samples per point (the minimum is kept): seven, as the calibration itself takes (≈ 50 s).
 #: With five, the minimum's noise (below) reached the shape bound in CI (p90 20.1 %).
 REPEATS = 7
-#: Bounds on the common factor k = median(measured / predicted). Load on the shared machine
-#: slows every step alike to first order (the engine gets a share of its core): the
-#: calibration points measured at load average 10-15 were up to 1.5× the ones at load 4-5
-#: (docs/predict.md, "Fit on a real vLLM"). Below 0.75 the engine is faster than the
-#: profile, which load cannot explain: the profile is stale.
-LOAD_FACTOR_BOUNDS = (0.75, 2.0)
+#: Bounds on the common factor k = median(measured / predicted): the host's speed against the
+#: host the profile was fitted on, times the load. Load slows every step alike to first order
+#: (the calibration points at load average 10-15 were up to 1.5x the ones at load 4-5,
+#: docs/predict.md "Fit on a real vLLM"), and the host's CPU sets the absolute step time: a
+#: clean-clone CI run on another machine measured k = 0.47 (its engine 2.1x faster) with the
+#: shape errors of a good fit (p90 18 %, max 19 %). The test is about the shape; k only has to
+#: catch a gross error (a unit, a missing feature), which moves it by 10x or more.
+LOAD_FACTOR_BOUNDS = (0.25, 4.0)
 #: Bound on the p90 of |k · predicted / measured − 1|: the cost structure (prefill length
 #: against decode batch). On the calibration's own points the profile's shape error has a
 #: p90 of 5 % (min of 7); a min of 5 is noisier: the 2nd-smallest of a point's 7 samples was
