@@ -30,6 +30,7 @@ from typing import Generic, Protocol, TypeVar
 
 import aiohttp
 
+from fastroute.signals.body import read_bounded
 from fastroute.signals.dialects import dialect_for
 from fastroute.signals.prefix_cache import PrefixHitTracker
 from fastroute.signals.vllm import (
@@ -203,7 +204,7 @@ class EngineScraper(Generic[R]):
         assert self._session is not None
         headers = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else {}
         async with self._session.get(engine.url + path, headers=headers) as resp:
-            return resp.status, await resp.content.read(limit + 1)
+            return resp.status, await read_bounded(resp.content, limit)
 
     async def _fetch(self, engine: ScrapeTarget, result: R) -> dict[str, EngineSignals]:
         started = time.monotonic()

@@ -35,6 +35,15 @@ REPEATS = 7
 #: shape errors of a good fit (p90 18 %, max 19 %). The test is about the shape; k only has to
 #: catch a gross error (a unit, a missing feature), which moves it by 10x or more.
 LOAD_FACTOR_BOUNDS = (0.25, 4.0)
+#: FACTOR_PER_KIND: prefill and decode get a factor each. A host's CPU does not speed both
+#: alike: prefill is GEMM time (a1, a2), a decode step mostly framework overhead per step and
+#: per sequence (b0, b1). On the profile's host the two factors were equal; on this session's CI
+#: host measured/predicted was 0.48-0.56 for prefill and 0.37-0.41 for decode, a ratio of 1.33.
+#: What carries over is the dependence on the prompt length and on the batch, which is what the
+#: shape bound tests. On the committed points, per-kind factors leave the profile at a p90 of
+#: 6.3 % and the emulator's a40 constants at 28.6 %, so the bound still catches them.
+#: The ratio of the two factors is bounded too: beyond 2 the structure itself has changed.
+KIND_RATIO_BOUND = 2.0
 #: Bound on the p90 of |k · predicted / measured − 1|: the cost structure (prefill length
 #: against decode batch). On the calibration's own points the profile's shape error has a
 #: p90 of 5 % (min of 7); a min of 5 is noisier: the 2nd-smallest of a point's 7 samples was
@@ -58,11 +67,22 @@ def test_measured_profile_predicts_a_fresh_engine(vllm_engines: list[rh.Running]
     coef = np.asarray(MEASURED[PROFILE].coef())
     predicted = np.array([coef @ calib.point_features(p) for p in points])
     measured = np.array([p["engine_s"] for p in points])
-    load = float(np.median(measured / predicted))
-    shape_err = np.abs(load * predicted / measured - 1.0)
-    detail = [(p["kind"], p.get("n", p.get("batch")), round(float(e), 3)) for p, e in
-              zip(points, shape_err, strict=True)]  # fmt: skip
-    assert LOAD_FACTOR_BOUNDS[0] < load < LOAD_FACTOR_BOUNDS[1], f"k = {load:.2f}: {detail}"
+    ratio = measured / predicted
+    kinds = np.array([p["kind"] for p in points])
+    shape_err = np.empty_like(ratio)
+    factors = {}
+    for kind in ("prefill", "decode"):  # one factor per kind: see FACTOR_PER_KIND
+        mine = kinds == kind
+        factors[kind] = float(np.median(ratio[mine]))
+        shape_err[mine] = np.abs(factors[kind] / ratio[mine] - 1.0)
+    detail = [(p["kind"], p.get("n", p.get("batch")), round(float(r), 3), round(float(e), 3))
+              for p, r, e in zip(points, ratio, shape_err, strict=True)]  # fmt: skip
+    for kind, k in factors.items():
+        assert LOAD_FACTOR_BOUNDS[0] < k < LOAD_FACTOR_BOUNDS[1], f"{kind} k = {k:.2f}: {detail}"
+    between = factors["prefill"] / factors["decode"]
+    assert 1 / KIND_RATIO_BOUND < between < KIND_RATIO_BOUND, f"k ratio {between:.2f}: {detail}"
     p90 = float(np.percentile(shape_err, 90))
-    print(f"\nload factor k = {load:.2f}, shape p90 {p90:.1%}: {detail}")
-    assert p90 < SHAPE_P90_BOUND, f"k = {load:.2f}, p90 |error| {p90:.1%} over {detail}"
+    print(
+        f"\nfactors {factors}, shape p90 {p90:.1%}: (kind, n|B, measured/predicted, error) {detail}"
+    )
+    assert p90 < SHAPE_P90_BOUND, f"factors {factors}, p90 |error| {p90:.1%} over {detail}"

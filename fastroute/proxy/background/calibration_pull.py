@@ -23,6 +23,7 @@ import aiohttp
 import msgspec
 
 from fastroute.predict import CalibrationSnapshot, FleetCalibration
+from fastroute.signals.body import read_bounded
 
 __all__ = ["CalibrationPull", "MAX_CALIBRATION_BYTES"]
 
@@ -98,7 +99,7 @@ class CalibrationPull:
                             continue
                         if resp.status != 200:
                             raise aiohttp.ClientError(f"HTTP {resp.status}")
-                        body = await resp.content.read(MAX_CALIBRATION_BYTES + 1)
+                        body = await read_bounded(resp.content, MAX_CALIBRATION_BYTES)
                     if len(body) > MAX_CALIBRATION_BYTES:
                         raise ValueError(f"larger than {MAX_CALIBRATION_BYTES} bytes")
                     snapshot = _decoder.decode(body)

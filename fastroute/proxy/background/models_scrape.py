@@ -34,6 +34,7 @@ import aiohttp
 import msgspec
 
 from fastroute.config import Config, EngineConfig
+from fastroute.signals.body import read_bounded
 
 __all__ = [
     "ModelCard",
@@ -176,7 +177,7 @@ class ModelsScraper:
         try:
             async with sem, asyncio.timeout(timeout_s):
                 async with self._session.get(engine.url + "/v1/models", headers=headers) as resp:
-                    status, body = resp.status, await resp.content.read(MAX_MODELS_BYTES + 1)
+                    status, body = resp.status, await read_bounded(resp.content, MAX_MODELS_BYTES)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # Unreachable: keep the last list (or the config's), count it.
             self.errors_total[engine.name] = self.errors_total.get(engine.name, 0) + 1

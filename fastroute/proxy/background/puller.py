@@ -30,6 +30,7 @@ from collections.abc import Callable
 import aiohttp
 
 from fastroute.errors import TableError, TableFencedError, TableLockedError
+from fastroute.signals.body import read_bounded
 from fastroute.tables import TableWriter
 from fastroute.tables.wire import (
     MSGPACK_CONTENT_TYPE,
@@ -164,7 +165,7 @@ class WeightsPuller:
                 raise PullError("http", f"controller answered HTTP {resp.status}")
             if (resp.content_length or 0) > MAX_SNAPSHOT_BYTES:
                 raise PullError("too_large", f"snapshot of {resp.content_length} bytes")
-            data = await resp.content.read(MAX_SNAPSHOT_BYTES + 1)
+            data = await read_bounded(resp.content, MAX_SNAPSHOT_BYTES)
             if len(data) > MAX_SNAPSHOT_BYTES:
                 raise PullError("too_large", f"snapshot over {MAX_SNAPSHOT_BYTES} bytes")
         snap = await asyncio.to_thread(decode_snapshot, data)
