@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.scrape import EngineScraper
+from fastroute.signals.loop_tasks import loop_tasks
 from fastroute.signals.prefix_cache import PrefixHitRate, fleet_hit_rate
 
 __all__ = ["ControllerMetrics"]
-
-
-def _loop_tasks() -> float:
-    """Tasks of the running event loop; NaN when read off the loop."""
-    try:
-        return float(len(asyncio.all_tasks()))
-    except RuntimeError:
-        return float("nan")
 
 
 class ControllerMetrics:
@@ -55,7 +47,7 @@ class ControllerMetrics:
             "fastroute_controller_asyncio_tasks",
             "Tasks of the controller's event loop (a steady climb is a leak)",
             registry=r,
-        ).set_function(_loop_tasks)
+        ).set_function(loop_tasks)
         self.reports = Counter(
             "fastroute_controller_reports", "Proxy reports by outcome", ["outcome"], registry=r
         )

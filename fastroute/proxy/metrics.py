@@ -47,7 +47,6 @@ process (tests) apart.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from bisect import bisect_left
 from collections.abc import Callable
@@ -58,6 +57,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fastroute.predict.calibration import FleetCalibration
+from fastroute.signals.loop_tasks import loop_tasks
 
 __all__ = ["ProxyMetrics", "PendingHistogram", "LATENCY_BUCKETS_S", "TBOT_BUCKETS_S"]
 
@@ -65,14 +65,6 @@ __all__ = ["ProxyMetrics", "PendingHistogram", "LATENCY_BUCKETS_S", "TBOT_BUCKET
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 #: Buckets of time between output tokens, seconds.
 TBOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
-
-
-def loop_tasks() -> float:
-    """Tasks of the running event loop; NaN when read off the loop (a test's thread)."""
-    try:
-        return float(len(asyncio.all_tasks()))
-    except RuntimeError:
-        return float("nan")
 
 
 class ProxyMetrics:

@@ -38,13 +38,10 @@ from netns_fleet import (
 
 from fastroute.fleetbench.process import kill_group
 from fastroute.testing.etcd import etcd_binary
-from fastroute.testing.netns import Host, Topology, env_without_proxies, netns_unavailable
+from fastroute.testing.netns import Host, Topology, env_without_proxies
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-_REASON = netns_unavailable()
-if _REASON is not None:
-    pytest.skip(f"multi-host topology not possible here: {_REASON}", allow_module_level=True)
 
 TTL_S = 2
 LOAD_S = 30.0

@@ -35,13 +35,9 @@ from netns_fleet import (
 )
 
 from fastroute.fleetbench.process import kill_group
-from fastroute.testing.netns import Topology, netns_unavailable
+from fastroute.testing.netns import Topology
 
 pytestmark = pytest.mark.integration
-
-_REASON = netns_unavailable()
-if _REASON is not None:
-    pytest.skip(f"multi-host topology not possible here: {_REASON}", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
