@@ -13,6 +13,12 @@ exactly 1 except in the gap after a kill), per kill the time to the next leader'
 published table and to both proxies applying its epoch (compare with period + TTL), requests
 failed (must be 0), and tables refused by fencing (proxies and controllers).
 
+``--etcd-faults`` adds two phases after the kills, under the same load: one etcd member
+SIGKILLed for ``--etcd-fault-s`` (the leader must stay, epoch unchanged), then every member
+SIGKILLed for as long (the leader steps down, the proxies keep serving on their last table),
+then all restarted (time to the next leader's table). Reported per phase: leaders seen, epoch,
+requests ok / failed during the phase.
+
 Run: ``nice -n 5 .venv/bin/python bench/bench_controller_failover.py --duration-s 300``
 (default 600 s, as issue 21 asks). ``--json PATH`` also writes the numbers.
 """
@@ -175,6 +181,64 @@ def _kill_and_measure(stack: Stack, rng: random.Random) -> dict[str, float] | No
     }
 
 
+def _phase(
+    stack: Stack, counts: dict[str, int], seconds: float, leaders_seen: set[int]
+) -> dict[str, float]:
+    """Watch ``seconds`` of load: leader counts seen (10 Hz) and requests ok / failed."""
+    ok0, failed0 = counts["ok"], counts["failed"]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        leaders_seen.add(len(stack.leaders()))
+        time.sleep(0.1)
+    return {"requests_ok": counts["ok"] - ok0, "requests_failed": counts["failed"] - failed0}
+
+
+def _epoch(stack: Stack) -> object:
+    leaders = stack.leaders()
+    return _health(stack.ctl_ports[leaders[0]]).get("epoch") if len(leaders) == 1 else None
+
+
+def _etcd_faults(stack: Stack, counts: dict[str, int], fault_s: float) -> dict[str, object]:
+    """One member down, then all members down, then all back (module docstring)."""
+    out: dict[str, object] = {}
+    epoch0 = _epoch(stack)
+    seen: set[int] = set()
+    stack.etcd.kill(0)
+    phase = _phase(stack, counts, fault_s, seen)
+    out["one_member_down"] = {
+        **phase, "leaders_seen": sorted(seen), "epoch_before": epoch0, "epoch_after": _epoch(stack),
+    }  # fmt: skip
+    stack.etcd.start_member(0)
+    poll_until(lambda: stack.etcd.healthy(0), "etcd member 0 back", timeout=30)
+    seen = set()
+    ages0 = [http_metric(p, "fastroute_proxy_table_age_seconds") for p in stack.proxy_ports]
+    for i in range(len(stack.etcd.names)):
+        stack.etcd.kill(i)
+    phase = _phase(stack, counts, fault_s, seen)
+    roles = [_health(p).get("role") for p in stack.ctl_ports]
+    ages = [http_metric(p, "fastroute_proxy_table_age_seconds") for p in stack.proxy_ports]
+    out["all_members_down"] = {
+        **phase, "leaders_seen": sorted(seen), "controller_roles_at_end": roles,
+        "proxy_table_age_s_before": ages0, "proxy_table_age_s_at_end": ages,
+    }  # fmt: skip
+    t0 = time.monotonic()
+    for i in range(len(stack.etcd.names)):
+        stack.etcd.start_member(i)
+    poll_until(lambda: len(stack.leaders()) == 1, "a leader after etcd returns", timeout=60)
+    epoch = _epoch(stack)
+    poll_until(
+        lambda: all(
+            http_metric(p, "fastroute_proxy_weights_controller_epoch") == epoch
+            for p in stack.proxy_ports
+        ),
+        "both proxies on the new epoch",
+        timeout=60,
+    )
+    out["etcd_back"] = {"to_proxies_on_new_epoch_s": round(time.monotonic() - t0, 2),
+                        "epoch": epoch}  # fmt: skip
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--duration-s", type=float, default=600.0)
@@ -190,6 +254,8 @@ def main() -> int:
     p.add_argument("--think-s", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=21)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--etcd-faults", action="store_true", help="add the etcd phases (docstring)")
+    p.add_argument("--etcd-fault-s", type=float, default=20.0)
     args = p.parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="fastroute-failover-"))
@@ -229,6 +295,11 @@ def main() -> int:
                 print(json.dumps(result), flush=True)
             time.sleep(args.ttl_s)  # the returning controller settles as a follower
             in_gap.clear()
+        etcd = None
+        if args.etcd_faults:
+            in_gap.set()  # the etcd phases watch leaders themselves
+            etcd = _etcd_faults(stack, counts, args.etcd_fault_s)
+            print(json.dumps(etcd), flush=True)
         stop.set()
         for t in threads:
             t.join(timeout=30)
@@ -269,6 +340,7 @@ def main() -> int:
         "failures_by_kind": {k: v for k, v in counts.items() if k not in ("ok", "failed")},
         "tables_fenced_proxies": fenced_proxies,
         "tables_fenced_controllers": fenced_ctl,
+        "etcd_faults": etcd,
         "logs": str(root),
     }
     print(json.dumps(out, indent=2))

@@ -87,6 +87,9 @@ class Election:
         self.margin_s = self.ttl_s / 4 if margin_s is None else margin_s
         self.clock = clock
         self.interval_s = self.ttl_s / 3
+        #: Pause after a failed call: a tenth of the TTL, so a lease whose renewal failed
+        #: gets several more tries before its margin (at most 10 calls per TTL in an outage).
+        self.retry_s = self.ttl_s / 10
         self.history: collections.deque[LeaderRecord] = collections.deque(maxlen=HISTORY_MAX)
         self.errors_total = 0
         self.terms_total = 0
@@ -130,15 +133,21 @@ class Election:
         self._stop.set()
 
     async def run(self) -> None:
-        """Renew the lease and campaign every ``ttl_s / 3`` until :meth:`stop`; then resign."""
+        """Renew the lease and campaign every ``ttl_s / 3`` (``ttl_s / 10`` after a failed
+        call) until :meth:`stop`; then resign."""
         try:
             while not self._stop.is_set():
+                wait_s = self.interval_s
                 try:
                     await self.tick()
                 except EtcdError as exc:
                     self._record_error(exc)
+                    # Retry soon: an etcd leader change (one member lost) stalls calls for
+                    # about its election timeout, and a renewal one full interval later
+                    # could fall past the lease's margin and depose a healthy leader.
+                    wait_s = self.retry_s
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
+                    await asyncio.wait_for(self._stop.wait(), wait_s)
         finally:
             await self.resign()
 
@@ -172,7 +181,12 @@ class Election:
         if kv is None:
             return
         self._observe(kv.create_revision, kv.value)
-        if created:
+        # The key under this candidate's own lease: it stepped down (a renewal was overdue,
+        # etcd unreachable) but the lease survived — etcd extends every lease when its
+        # cluster comes back — so its key stayed and no one else can have led since. Lead
+        # again on that epoch; otherwise every candidate would follow a key nobody serves
+        # until this lease lapses, which it never does while we renew it.
+        if created or kv.lease == self._lease:
             self._leading_epoch = kv.create_revision
             self.terms_total += 1
             log.warning("leading the controllers: epoch %d (%s)", kv.create_revision, self.key)

@@ -74,7 +74,7 @@ class EtcdCluster:
             self.start_member(i)
         deadline = time.monotonic() + timeout_s
         for i in range(len(self.names)):
-            while not self._healthy(i):
+            while not self.healthy(i):
                 if time.monotonic() > deadline:
                     self.stop()
                     log = (self.root / f"{self.names[i]}.log").read_text()[-2000:]
@@ -90,7 +90,8 @@ class EtcdCluster:
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
 
-    def _healthy(self, i: int) -> bool:
+    def healthy(self, i: int) -> bool:
+        """Whether member ``i`` answers ``/health`` with ``true``."""
         conn = http.client.HTTPConnection("127.0.0.1", self.client_ports[i], timeout=1.0)
         try:
             conn.request("GET", "/health")

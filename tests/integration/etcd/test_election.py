@@ -159,3 +159,37 @@ def test_all_members_gone_leader_steps_down_before_ttl(etcd_cluster: EtcdCluster
             await cand.client.close()
 
     run(go())
+
+
+def test_leader_returns_after_an_outage_longer_than_the_ttl(etcd_cluster: EtcdCluster) -> None:
+    """Every member down for 2.5 × TTL, then back: etcd extends the leases it finds, so the
+    former leader's key survives under its lease; it must lead again (it did not: every
+    candidate followed that key forever)."""
+
+    async def go() -> None:
+        cands = _candidates(etcd_cluster, 2)
+        tasks = [asyncio.create_task(c.run()) for c in cands]
+        try:
+            await _until(lambda: sum(c.is_leader() for c in cands) == 1, 10.0)
+            (first,) = [c for c in cands if c.is_leader()]
+            epoch = first.epoch
+            etcd_cluster.stop()
+            await _until(lambda: not any(c.is_leader() for c in cands), 3.0)
+            await asyncio.sleep(5.0)
+            etcd_cluster.start()
+            await _until(lambda: any(c.is_leader() for c in cands), 20.0)
+            leaders = [c for c in cands if c.is_leader()]
+            assert len(leaders) == 1
+            assert leaders[0].epoch is not None and epoch is not None
+            assert leaders[0].epoch >= epoch
+            for _ in range(20):  # and it stays one leader
+                assert sum(c.is_leader() for c in cands) == 1
+                await asyncio.sleep(0.1)
+        finally:
+            for c in cands:
+                c.stop()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for c in cands:
+                await c.client.close()
+
+    run(go())
