@@ -103,6 +103,17 @@ def test_a_region_gets_its_rows_over_weighted_and_flagged_engines() -> None:
     assert north.engine_ids.tolist() == ids(3, 4, 5)  # own engines and the flagged one
 
 
+def test_rows_in_any_order_give_those_rows() -> None:
+    """Contiguous rows are read as a view, others gathered: both give the rows asked for."""
+    snap, _ = full_table()
+    for rows in ([0, 1, 2], [5, 0, 7], [8, 7, 6], [4]):
+        block = region_snapshot(snap, rows)
+        assert block.class_keys.tolist() == snap.class_keys[rows].tolist()
+        cols = [snap.engine_ids.tolist().index(i) for i in block.engine_ids.tolist()]
+        np.testing.assert_array_equal(block.weights, snap.weights[np.ix_(rows, cols)])
+        assert (snap.weights[rows] > 0).any(axis=0).sum() <= len(cols)
+
+
 def test_an_all_zero_row_and_an_empty_region_keep_the_flagged_engines() -> None:
     """A fully shed row (all zero) stays a row; a region without rows is just the flags."""
     snap, clusters = full_table()
