@@ -1,4 +1,4 @@
-"""Per-region weight tables: a region's proxies receive only their own rows (issue 21).
+"""Per-region weight tables: a region's proxies receive only their own rows.
 
 The controller publishes one :class:`~fastroute.tables.TableSnapshot` with every class's row
 (classes are ``cluster/model/priority`` for every declared region) × every engine. A proxy uses
