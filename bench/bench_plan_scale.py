@@ -15,9 +15,16 @@ Stages of one period, as the planner runs them (:func:`controller.planner._solve
 engine weight rows, validation, the per-engine allocation), ``tables`` (each region's table: its own
 class rows × all engines, checked and encoded for the wire, :mod:`fastroute.tables.wire`).
 
+Fan-out (``fanout_*``, with the dense rows): what ``GET /v1/table`` sends the proxies per
+generation. Before: the full table (every class × every engine) to every proxy, encoded once.
+After (``?cluster=``, :class:`controller.region_tables.EncodedTables`): each region's rows over
+the engines they weight, sliced from the published snapshot and encoded once per region, for all
+regions. Both in msgpack and JSON (the full table's JSON is skipped above
+:data:`FULL_JSON_MAX_CELLS`: its Python lists would need several GB), wall and CPU time.
+
 Run: ``nice -n 5 python bench/bench_plan_scale.py [--sizes 10x1000x10,30x3000x20,100x10000x50]
-[--profile]``. Prints one JSON line per size and, with ``--profile``, the cProfile top functions of
-the warm period at the largest size.
+[--no-fanout] [--profile]``. Prints one JSON line per size and, with ``--profile``, the cProfile
+top functions of the warm period at the largest size.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from controller.groups import EngineGroups, group_engines
 from controller.latency import LatencyProfile
 from controller.lp import RoutingProblem
 from controller.planner import SIFTING_MIN_PAIRS
+from controller.region_tables import EncodedTables
 from controller.sifting import SiftingLP
 from controller.solve import RoutingLP, SolveResult
 from controller.weights import (
@@ -60,6 +68,8 @@ except ImportError:  # a tree from before use_sifting: the rule it had (for the 
 
 
 KAPPA_S = 0.2
+#: Largest full table (classes × engines) whose JSON encoding the fan-out measures.
+FULL_JSON_MAX_CELLS = 20_000_000
 NEAR = 3
 DERATED = 5
 SHAPES = [LatencyProfile.seed(t, b) for t, b in ((0.12, 0.012), (0.08, 0.009), (0.05, 0.006))]
@@ -166,11 +176,58 @@ def region_tables_direct(
     return out
 
 
+def _timed(fn: Any) -> tuple[Any, float, float]:
+    """``fn()``, its wall and CPU seconds."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def fanout(fleet: ScaleFleet, weights: FloatArray, sigma: FloatArray) -> dict[str, Any]:
+    """Bytes and encode cost of one generation's ``GET /v1/table`` answers: the full table
+    (before: what every proxy received) vs each region's own block (after, ``?cluster=``)."""
+    n_g, n_e = weights.shape
+    snap = TableSnapshot.validated(
+        2,
+        np.arange(1, n_e + 1, dtype=np.uint64),
+        weights,
+        class_keys=np.arange(n_g, dtype=np.uint64),
+        shed_fraction=sigma,
+        published_at=1.0,
+        meta={"plan_id": 2, "epoch": 1},
+    )
+    clusters = [f"r{r}" for r in fleet.class_region]
+    names = sorted(set(clusters))
+    out: dict[str, Any] = {}
+    for fmt in ("msgpack", "json"):
+        if fmt == "msgpack" or n_g * n_e <= FULL_JSON_MAX_CELLS:
+            full, wall, cpu = _timed(lambda f=fmt: encode_snapshot(snap, f))
+            out[f"fanout_full_{fmt}_bytes"] = len(full)
+            out[f"fanout_full_{fmt}_s"], out[f"fanout_full_{fmt}_cpu_s"] = wall, cpu
+            del full
+        else:
+            out[f"fanout_full_{fmt}_bytes"] = None
+        cache = EncodedTables()
+
+        def all_regions(f: str = fmt, c: EncodedTables = cache) -> list[bytes]:
+            return [c.encoded(snap, f, r, row_clusters=clusters, declared=names) for r in names]
+
+        blocks, wall, cpu = _timed(all_regions)
+        sizes = [len(b) for b in blocks]
+        out[f"fanout_region_{fmt}_bytes_mean"] = int(np.mean(sizes))
+        out[f"fanout_region_{fmt}_bytes_max"] = max(sizes)
+        out[f"fanout_region_{fmt}_bytes_all"] = sum(sizes)
+        out[f"fanout_regions_{fmt}_s"], out[f"fanout_regions_{fmt}_cpu_s"] = wall, cpu
+        out[f"fanout_per_region_{fmt}_s"] = wall / len(names)
+    return out
+
+
 @dataclass
 class PeriodState:
     lp: RoutingLP | SiftingLP
     regroup: str = "health"
     dense: bool = True
+    fanout: bool = True
     x_prev: FloatArray | None = None
     demand_prev: FloatArray | None = None
     groups: EngineGroups | None = None
@@ -210,7 +267,7 @@ def period(fleet: ScaleFleet, state: PeriodState, demand: FloatArray) -> dict[st
         "table_eligible_cols_bytes_per_region": int(np.mean([len(b) for b in direct])),
     }
     if state.dense:
-        out.update(dense_rows(fleet, g, res, wg, sigma, direct))
+        out.update(dense_rows(fleet, g, res, wg, sigma, direct, fan=state.fanout))
     return out
 
 
@@ -221,8 +278,11 @@ def dense_rows(
     wg: FloatArray,
     sigma: FloatArray,
     direct: list[bytes],
+    *,
+    fan: bool = True,
 ) -> dict[str, Any]:
-    """The path the planner takes today: dense classes × engines rows, then per-region tables."""
+    """The path the planner takes today: dense classes × engines rows, then per-region tables
+    (and, with ``fan``, the fan-out of ``GET /v1/table`` from the published snapshot)."""
     t: dict[str, float] = {}
     t0 = time.perf_counter()
     w = engine_weights(wg, g)
@@ -239,10 +299,12 @@ def dense_rows(
     own_sizes = np.array([len(b) for b in own])
     if [len(b) for b in direct] != own_sizes.tolist():
         raise AssertionError("direct region tables differ in size from the dense path's")
+    del tables, own
     return {
         **{k: round(v, 4) for k, v in t.items()},
         "table_bytes_per_region": int(sizes.mean()),
         "table_bytes_all_regions": int(sizes.sum()),
+        **(fanout(fleet, w, sigma) if fan else {}),
     }
 
 
@@ -257,6 +319,7 @@ class RunSpec:
     warm_periods: int = 3
     regroup: str = "health"
     dense: bool = True
+    fanout: bool = True
 
 
 def drifted(fleet: ScaleFleet, demand: FloatArray, moved_fraction: float) -> FloatArray:
@@ -270,7 +333,7 @@ def periods(spec: RunSpec) -> tuple[ScaleFleet, RoutingLP | SiftingLP, list[dict
     """The cold period, then ``warm_periods`` after drift, each with DERATED engines derated."""
     fleet = make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
     lp: RoutingLP | SiftingLP = SiftingLP() if use_sifting(fleet.groups().eligible) else RoutingLP()
-    state = PeriodState(lp, regroup=spec.regroup, dense=spec.dense)
+    state = PeriodState(lp, regroup=spec.regroup, dense=spec.dense, fanout=spec.fanout)
     out = [period(fleet, state, fleet.demand_rps)]
     demand = fleet.demand_rps
     for _ in range(spec.warm_periods):
@@ -284,8 +347,9 @@ def run_size(spec: RunSpec) -> dict[str, Any]:
     """Timed periods (no tracing), then a traced repeat for the allocation peak."""
     fleet, lp, ps = periods(spec)
     warm = {k: float(np.median([p[k] for p in ps[1:]])) for k in ps[1] if k.endswith("_s")}
+    sizes = {k: v for k, v in ps[-1].items() if k.startswith("fanout_") and "bytes" in k}
     tracemalloc.start()
-    periods(replace(spec, warm_periods=1))
+    periods(replace(spec, warm_periods=1, fanout=False))  # the peak of the planner's path
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {
@@ -298,6 +362,7 @@ def run_size(spec: RunSpec) -> dict[str, Any]:
         "solver": type(lp).__name__,
         "cold": ps[0],
         "warm_median": {k: round(v, 4) for k, v in warm.items()},
+        "fanout_bytes": sizes,
         "warm_iterations": [p["iterations"] for p in ps[1:]],
         "tracemalloc_peak_mb": round(peak / 2**20, 1),
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -342,6 +407,10 @@ def main() -> None:
         "--no-dense", action="store_true",
         help="skip the dense classes x engines rows (the planner's path today)",
     )  # fmt: skip
+    ap.add_argument(
+        "--no-fanout", action="store_true",
+        help="skip the GET /v1/table fan-out figures (full table vs per-region blocks)",
+    )  # fmt: skip
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     sizes = parse_sizes(args.sizes)
@@ -352,7 +421,7 @@ def main() -> None:
         for m in moved:
             spec = RunSpec(
                 *size, moved_fraction=m, warm_periods=args.periods, regroup=args.regroup,
-                dense=not args.no_dense,
+                dense=not args.no_dense, fanout=not args.no_fanout,
             )  # fmt: skip
             print(json.dumps(run_size(spec)), flush=True)
     if args.profile:

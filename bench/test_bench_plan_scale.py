@@ -27,3 +27,17 @@ def test_plan_scale_region_table_is_smaller_than_all_engines() -> None:
     _, _, ps = periods(RunSpec(12, 360, 2, warm_periods=1))
     p = ps[1]
     assert p["table_eligible_cols_bytes_per_region"] < 0.5 * p["table_bytes_per_region"]
+
+
+def test_plan_scale_fanout_region_blocks_are_smaller_than_the_full_table() -> None:
+    """The fan-out figures: a region's block (its 1/12 of the rows, over the engines they weight)
+    is below a twelfth of the full table in both encodings, and within the block over its
+    eligible engines (weighted engines are eligible ones; no flags here; + the 20-byte meta)."""
+    _, _, ps = periods(RunSpec(12, 360, 2, warm_periods=1))
+    p = ps[1]
+    for fmt in ("msgpack", "json"):
+        full = p[f"fanout_full_{fmt}_bytes"]
+        assert p[f"fanout_region_{fmt}_bytes_max"] < full / 12
+        assert p[f"fanout_region_{fmt}_bytes_all"] < full
+        assert p[f"fanout_regions_{fmt}_s"] > 0
+    assert p["fanout_region_msgpack_bytes_max"] <= p["table_eligible_cols_bytes_per_region"] + 64

@@ -2,11 +2,16 @@
 
 Endpoints (docs/controller.md "Service", docs/signals.md §4):
 
-* ``GET /v1/table?after=G&timeout_s=T[&format=json|msgpack]`` — long-poll: 200 at once with the
-  current snapshot when its generation differs from ``G`` (header ``x-fastroute-generation``),
-  else wait for a new one up to ``min(T, controller.long_poll_timeout_s)`` and answer 304. The
-  encoding is ``format``, else the ``Accept`` header, else msgpack. At most ``max_waiters`` polls
-  may be parked at once; more get 503 with ``Retry-After: 1``.
+* ``GET /v1/table?after=G&timeout_s=T[&format=json|msgpack][&cluster=NAME]`` — long-poll: 200
+  at once with the current snapshot when its generation differs from ``G`` (header
+  ``x-fastroute-generation``), else wait for a new one up to ``min(T,
+  controller.long_poll_timeout_s)`` and answer 304. The encoding is ``format``, else the
+  ``Accept`` header, else msgpack. With ``cluster`` (a proxy's ``proxy.cluster``), only that
+  region's rows over the engines they weight or that are flagged
+  (:func:`controller.region_tables.region_snapshot`; same generation, publish time and meta);
+  404 naming the declared regions for an unknown one. Each (generation, cluster, format) is
+  encoded once. At most ``max_waiters`` polls may be parked at once; more get 503 with
+  ``Retry-After: 1``.
 * ``POST /v1/reports`` — a msgpack :class:`fastroute.signals.reports.Report`; 204 when accepted,
   400 (text message) when malformed or of another version, 413 above ``max_report_bytes``.
 * ``GET /v1/calibration[?format=json|msgpack]`` — the fleet's step-time calibration as the
@@ -39,11 +44,11 @@ from controller.ha import RELAYED_HEADER
 from controller.metrics import ControllerMetrics
 from controller.options import ControllerOptions
 from controller.plan_page import render_plan_html
+from controller.region_tables import EncodedTables, UnknownClusterError
 from controller.service import ControllerService
 from fastroute.config import Config
 from fastroute.signals.reports import ReportError, decode_report
 from fastroute.tables import TableSnapshot
-from fastroute.tables.wire import encode_snapshot
 
 __all__ = ["API", "SERVICE", "ControllerApi", "make_app"]
 
@@ -66,18 +71,21 @@ class ControllerApi:
         self.service = service
         self.max_waiters = max_waiters
         self.waiters = 0
-        self._encoded: dict[tuple[int, str], bytes] = {}
+        #: Wire encodings of the table in force, full and per region.
+        self.tables = EncodedTables()
 
-    def _encode(self, fmt: str) -> bytes:
-        snap = self.service.snapshot
+    def _encode(self, fmt: str, cluster: str | None) -> bytes:
+        """The table in force (``cluster`` None) or a region's block; UnknownClusterError."""
+        svc = self.service
+        snap = svc.snapshot
         assert snap is not None
-        key = (snap.generation, fmt)
-        data = self._encoded.get(key)
-        if data is None:
-            data = encode_snapshot(snap, fmt)
-            same_gen = {k: v for k, v in self._encoded.items() if k[0] == key[0]}
-            self._encoded = {**same_gen, key: data}
-        return data
+        return self.tables.encoded(
+            snap,
+            fmt,
+            cluster,
+            row_clusters=svc.publisher.row_clusters,
+            declared=[r.name for r in svc.config.network.regions],
+        )
 
     async def table(self, request: web.Request) -> web.StreamResponse:
         q = request.query
@@ -90,9 +98,12 @@ class ControllerApi:
         except ValueError as exc:
             raise web.HTTPBadRequest(text=f"bad query: {exc}") from None
         fmt = _format(request)
+        cluster = q.get("cluster")
         svc = self.service
         if svc.ha is not None and not svc.ha.leading():
             raise _to_leader(svc.ha.state_json(), request)
+        if cluster is not None:
+            _check_cluster(cluster, svc)  # before parking: a typo must not wait out a poll
         if _same_table(svc.snapshot, after, q.get("epoch")):
             if self.waiters >= self.max_waiters:
                 raise web.HTTPServiceUnavailable(
@@ -108,8 +119,12 @@ class ControllerApi:
                 return web.Response(status=304)
         snap = svc.snapshot
         assert snap is not None
+        try:
+            body = self._encode(fmt, cluster)
+        except UnknownClusterError as exc:  # declared by the config, gone after a reload
+            raise web.HTTPNotFound(text=str(exc)) from None
         return web.Response(
-            body=self._encode(fmt),
+            body=body,
             content_type=JSON if fmt == "json" else MSGPACK,
             headers={"x-fastroute-generation": str(snap.generation)},
         )
@@ -198,6 +213,14 @@ def _same_table(snap: TableSnapshot | None, after: int, epoch: str | None) -> bo
     if snap.generation != after:
         return False
     return epoch is None or str(snap.meta.get("epoch")) == epoch
+
+
+def _check_cluster(cluster: str, svc: ControllerService) -> None:
+    """404 unless ``cluster`` is a region of the config or of the table in force."""
+    declared = {r.name for r in svc.config.network.regions}
+    if cluster not in declared and cluster not in svc.publisher.row_clusters:
+        exc = UnknownClusterError(cluster, declared | set(svc.publisher.row_clusters))
+        raise web.HTTPNotFound(text=str(exc))
 
 
 def _to_leader(state: dict[str, object], request: web.Request) -> web.HTTPException:

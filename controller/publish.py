@@ -45,6 +45,9 @@ class TablePublisher:
         None until :meth:`open`, after :meth:`close`.
     snapshot : TableSnapshot or None
         The generation in force (None before the first publish).
+    row_clusters : tuple of str
+        The cluster (region) of each row of :attr:`snapshot`, set with it: ``GET
+        /v1/table?cluster=`` serves a region its own rows (:mod:`controller.region_tables`).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class TablePublisher:
         self.republish_after_s = republish_after_s
         self.writer: TableWriter | None = None
         self.snapshot: TableSnapshot | None = None
+        self.row_clusters: tuple[str, ...] = ()
         self._changed = asyncio.Event()
 
     def open(self, n_engines: int, n_classes: int) -> None:
@@ -105,6 +109,7 @@ class TablePublisher:
         """Write a new generation (in a worker thread); it becomes :attr:`snapshot`."""
         snap = await asyncio.to_thread(self._publish, model, w, sigma, retry, meta, flags)
         self.snapshot = snap
+        self.row_clusters = tuple(c.cluster for c in model.classes)
         return snap
 
     def notify_changed(self) -> None:

@@ -1,7 +1,8 @@
 """Pull weight tables from a remote controller into the local shared-memory table.
 
 :class:`WeightsPuller` long-polls ``{controller_url}/v1/table?after=<gen>&timeout_s=<t>``
-(the contract is in ``docs/signals.md``), decodes the snapshot
+(the contract is in ``docs/signals.md``), with ``&cluster=<proxy.cluster>`` when given so the
+controller sends only this region's rows (docs/controller.md, "API"), decodes the snapshot
 (:func:`fastroute.tables.wire.decode_snapshot`) and publishes it into the local
 table ``proxy.table_name`` with a :class:`~fastroute.tables.TableWriter`; every
 worker's :class:`~fastroute.proxy.background.table_watch.TableWatcher` then adopts it as if the
@@ -81,6 +82,11 @@ class WeightsPuller:
         More controllers, tried in turn after the current one fails to answer (connection
         error, timeout, an HTTP error such as a follower's 503 when it knows no leader):
         several controllers on etcd, any of which redirects to the leader.
+    cluster : str, optional
+        The proxy's ``proxy.cluster``, sent as ``cluster=``: the controller answers with this
+        region's rows only (over the engines they weight or that are flagged), which is all the
+        proxy's fleet reads. None: the full table (every proxy sharing the local table gets
+        its rows, e.g. proxies of several regions on one host under one ``table_name``).
 
     Attributes
     ----------
@@ -111,6 +117,7 @@ class WeightsPuller:
         lock_retry_s: float = 5.0,
         rng: Callable[[], float] = random.random,
         fallback_urls: tuple[str, ...] = (),
+        cluster: str | None = None,
     ) -> None:
         self.urls = [u.rstrip("/") + "/v1/table" for u in (controller_url, *fallback_urls)]
         self.url = self.urls[0]
@@ -122,6 +129,7 @@ class WeightsPuller:
         self.backoff_max_s = backoff_max_s
         self.lock_retry_s = lock_retry_s
         self.rng = rng
+        self.cluster = cluster
         self.controller_generation = 0
         self.local_generation = 0
         #: Controller epoch (``meta["epoch"]``) of the table in force; None: none carried one.
@@ -152,6 +160,8 @@ class WeightsPuller:
         params = {"after": str(self.controller_generation), "timeout_s": f"{self.poll_timeout_s:g}"}
         if self.epoch is not None:  # a controller of another epoch answers at once
             params["epoch"] = str(self.epoch)
+        if self.cluster is not None:  # this region's rows only
+            params["cluster"] = self.cluster
         timeout = aiohttp.ClientTimeout(
             total=self.poll_timeout_s + self.timeout_margin_s, connect=self.connect_timeout_s
         )

@@ -354,6 +354,7 @@ def install_signal_tasks(
             proxy.controller_url,
             table_name or proxy.table_name,
             fallback_urls=proxy.controller_fallback_urls,
+            cluster=proxy.cluster,
         )
     if proxy.scrape_engines:
         tasks.scraper = EngineScraper(

@@ -111,10 +111,12 @@ def test_one_leader_failover_and_etcd_outage(
     assert follower is not None and follower["role"] == "follower"
     assert follower["leader"] == f"http://127.0.0.1:{ports[0]}"
     conn = http.client.HTTPConnection("127.0.0.1", ports[1], timeout=2.0)
-    conn.request("GET", "/v1/table?format=json")
+    conn.request("GET", "/v1/table?format=json&cluster=local")
     resp = conn.getresponse()
-    assert resp.status == 307
-    assert resp.getheader("Location", "").startswith(f"http://127.0.0.1:{ports[0]}/v1/table")
+    assert resp.status == 307  # the query is kept: the leader serves the region's rows
+    assert resp.getheader("Location") == (
+        f"http://127.0.0.1:{ports[0]}/v1/table?format=json&cluster=local"
+    )
     conn.close()
 
     proxy_shm = tmp_path / "shm-proxy"
