@@ -61,3 +61,35 @@ def test_the_tally_measures_reads_and_tells_the_tracker_and_the_first_token() ->
     assert tally.meter.token_events == 1 and tally.meter.tokens == 2
     assert firsts == [1.0]  # TTFT at the first token, not the role event
     assert tracked.tokens_at == [(1, 1.0)]
+
+
+class _Keep:
+    """The parts of a Migration the drain check reads."""
+
+    cut = False
+    intact = True
+
+
+def test_the_drain_check_compares_per_chunk_and_acts_once() -> None:
+    tally = _StreamTally(StreamMeter(strip_usage=False), None, lambda now: None)
+    calls: list[int] = []
+    handoff_at = [10.0]
+    tally.keep = _Keep()  # type: ignore[assignment]
+    tally.handoff_at, tally.index = handoff_at, 0
+    tally.on_drain = lambda: calls.append(1) is None
+    assert not tally.draining(9.0, False)  # before the engine's hand-off time
+    assert not tally.draining(11.0, True)  # the body ends in this read: nothing to move
+    assert tally.draining(11.0, False) and tally.handed_off and calls == [1]
+    assert tally.handoff_at is None  # decided: never checked again
+    assert not tally.draining(12.0, False) and calls == [1]
+
+
+def test_a_stream_with_an_error_held_back_or_over_its_bound_is_not_handed_off() -> None:
+    for keep in (
+        type("Cut", (_Keep,), {"cut": True})(),
+        type("Over", (_Keep,), {"intact": False})(),
+    ):
+        tally = _StreamTally(StreamMeter(strip_usage=False), None, lambda now: None)
+        tally.keep = keep  # type: ignore[assignment]
+        tally.handoff_at, tally.on_drain = [0.0], lambda: True
+        assert not tally.draining(1.0, False) and not tally.handed_off
