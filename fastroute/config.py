@@ -576,8 +576,8 @@ class RetryConfig(_Section):
     max_migrations : int
         Mid-stream migrations per request: a chat or completions stream whose engine
         fails after tokens reached the client continues on the next ranked engine
-        (docs/failure-handling.md). Each one also takes a retry from the budget; 0
-        disables migration.
+        (docs/failure-handling.md). Each one after a failure also takes a retry from
+        the budget (a drain hand-off does not); 0 disables migration and hand-offs.
     max_migration_text_bytes : int
         Most bytes of a stream the proxy keeps to continue it elsewhere; a longer
         stream that breaks is not migrated (it ends with an SSE error event).

@@ -128,7 +128,8 @@ class _StreamTally:
             if keep is not None and keep.cut:
                 last = False  # an error was held back: a continuation may follow
             more = self.splice.write_now(data, last)
-        if self.handoff_at is not None:
+        handoff_at = self.handoff_at
+        if handoff_at is not None and now >= handoff_at[self.index]:  # the per-chunk check
             self.draining(now, last)
         return more
 
@@ -291,8 +292,10 @@ class Relay:
                         break
                     now = loop.time()
                     await sink.write(tally.add(chunk, now))
-                    if tally.handoff_at is not None and tally.draining(now, False):
-                        break
+                    handoff_at = tally.handoff_at
+                    if handoff_at is not None and now >= handoff_at[index]:
+                        if tally.draining(now, False):
+                            break
             broken = await self._end(state, index, attempt, tally, failure)
         except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
             attempt.outcome = "client_disconnected"

@@ -168,11 +168,15 @@ def test_a_stream_that_cannot_be_continued_stays_and_completes(h: Harness, tmp_p
     h.run(main())
 
 
-def test_a_negative_delay_never_hands_off(h: Harness, tmp_path: Path) -> None:
-    """``retry.drain_handoff_after_s = -1``: the stream finishes on the drained engine."""
+@pytest.mark.parametrize("after_s", [-1, 60])
+def test_a_stream_ending_within_the_delay_or_with_hand_offs_off_stays(
+    h: Harness, tmp_path: Path, after_s: int
+) -> None:
+    """``retry.drain_handoff_after_s = -1`` (never), or a stream that ends before the
+    delay passed: the stream finishes on the drained engine."""
 
     async def main() -> None:
-        extra = "\n[retry]\ndrain_handoff_after_s = -1\n"
+        extra = f"\n[retry]\ndrain_handoff_after_s = {after_s}\n"
         async with drain_stack(tmp_path, extra) as st:
             sid = "sid-never"
             first, _ = ranking(st, sid, 2)
