@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 __all__ = ["Relay", "scrub_error"]
 
 _SSE_END = b"\n\n"
+#: A choice's ``finish_reason`` with a value (compact and spaced JSON).
+_FINISH = b'"finish_reason":"'
+_FINISH_SPACED = b'"finish_reason": "'
 
 
 class _StreamTally:
@@ -318,6 +321,8 @@ class Relay:
         request) if the stream can be continued elsewhere (True), else it stays."""
         migration = state.migration
         assert migration is not None and self.migrator is not None
+        if _FINISH in tally.last or _FINISH_SPACED in tally.last:
+            return False  # the output ended; only its usage and [DONE] are still to come
         attempt.output_tokens = tally.meter.tokens  # the continuation starts after them
         why = self.migrator.handoff(state, attempt.rank)
         if why is not None:
