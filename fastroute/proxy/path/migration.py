@@ -320,7 +320,8 @@ class Migrator:
         prepared = migration.handoff
         if prepared is not None:
             migration.handoff = None
-            return prepared[0], prepared[1], ""
+            if candidate:  # (its engine may have started draining since)
+                return prepared[0], prepared[1], ""
         body, rewriter, reason = self._plan(state, migration, candidate)
         if body is None:
             return None, None, reason
