@@ -576,11 +576,22 @@ class RetryConfig(_Section):
     max_migrations : int
         Mid-stream migrations per request: a chat or completions stream whose engine
         fails after tokens reached the client continues on the next ranked engine
-        (docs/failure-handling.md). Each one also takes a retry from the budget; 0
-        disables migration.
+        (docs/failure-handling.md). Each one after a failure also takes a retry from
+        the budget (a drain hand-off does not); 0 disables migration and hand-offs.
     max_migration_text_bytes : int
         Most bytes of a stream the proxy keeps to continue it elsewhere; a longer
         stream that breaks is not migrated (it ends with an SSE error event).
+    drain_handoff_after_s : float
+        A stream relaying from an engine that starts draining (drained through the
+        admin API, removed from the config, flagged draining or unavailable in the
+        weight table) is handed off to the next ranked engine this many seconds after
+        the proxy saw the drain, by the same migration (within ``max_migrations``; not
+        from the retry budget: it is planned work, not a failure). Streams that end
+        within it stay where they are (a hand-off costs the new engine a prefill of the
+        prompt and the text so far); 5 s covers a median chat answer (a few hundred
+        tokens at 30–100 tokens/s per stream), so only the long streams that would hold
+        a rollout for minutes move. 0 hands off at the next chunk; a negative value
+        (-1) never hands off (streams finish on the draining engine).
     hedge_quantile : float
         Classes with ``hedge = true``: the hedge delay is this quantile of the class's
         recent first-token times (the conformal bound of the last ``hedge_window``).
@@ -606,6 +617,7 @@ class RetryConfig(_Section):
     retry_on_status: tuple[HttpStatus, ...] = (429, 500, 502, 503, 504)
     max_migrations: Annotated[int, msgspec.Meta(ge=0, le=MAX_MIGRATIONS_BOUND)] = 1
     max_migration_text_bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 30)] = 1 << 20
+    drain_handoff_after_s: Annotated[float, msgspec.Meta(ge=-1, le=86400)] = 5.0
     hedge_quantile: Annotated[float, msgspec.Meta(gt=0.5, lt=1.0)] = 0.95
     hedge_floor_s: Annotated[float, msgspec.Meta(ge=0.001, le=600.0)] = 0.05
     hedge_window: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 512

@@ -14,6 +14,12 @@ name                                       type       labels / meaning
                                                       ``migrated`` (finished on another engine),
                                                       ``failed`` (its continuations failed),
                                                       ``not_migrated`` (no continuation tried)
+``fastroute_proxy_migrations_total``       counter    reason: streams continued on another
+                                                      engine mid-stream — ``drain`` (handed
+                                                      off a draining engine), ``error``
+                                                      (in-stream error event, refused
+                                                      continuation), ``timeout`` (idle),
+                                                      ``connection`` (reset or dropped)
 ``fastroute_proxy_hedges_total``           counter    outcome: hedged first tokens — ``won``
                                                       (the runner-up's token came first),
                                                       ``lost`` (the first engine's did),
@@ -117,6 +123,12 @@ class ProxyMetrics:
             "fastroute_proxy_broken_streams",
             "Streams whose engine failed once the client's stream had begun, by outcome.",
             ["outcome"],
+            registry=r,
+        )
+        self.migrations = Counter(
+            "fastroute_proxy_migrations",
+            "Mid-stream migrations by reason (drain, error, timeout, connection).",
+            ["reason"],
             registry=r,
         )
         self.hedges = Counter(

@@ -349,6 +349,7 @@ class ProxyApp:
             registry=ctx.metrics.registry,
         )
         self._retiring: set[asyncio.Task[None]] = set()
+        self._retired: set[_Generation] = set()  # retired, requests still running
         self._fleet_reloads: set[asyncio.Task[bool]] = set()
         self._reload_lock = asyncio.Lock()
         self._stopped = False
@@ -531,6 +532,9 @@ class ProxyApp:
             _start_generation(gen)
             self._current = gen
             self._retire(old)
+            in_force = {e.name for e in config.engines}
+            for retired in self._retired:  # their streams on engines gone hand off
+                retired.ctx.fleet.leaving(in_force)
             self._reloads.labels("ok").inc()
             logger.info(
                 "config reloaded: %d engines, default policy %s",
@@ -552,6 +556,8 @@ class ProxyApp:
         task = asyncio.create_task(_stop_generation(old, wait_s), name="fastroute-retire")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+        self._retired.add(old)
+        task.add_done_callback(lambda _: self._retired.discard(old))
 
 
 def _warn_restart_only(old: Config, new: Config) -> None:

@@ -188,7 +188,8 @@ class Response:
 
         A connection closed mid-response cannot be reused (the rest of the body would
         be read as the next response), so it is closed, not pooled. No-op when the
-        response was complete.
+        response was complete. A coroutine waiting on the response (:meth:`wait_end` of
+        a relay whose consumer closed it from its callback) gets ``ConnectionDropped``.
         """
         if self._closed:
             return
@@ -200,6 +201,9 @@ class Response:
         if conn is not None:
             self._conn = None
             conn.discard()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionDropped("response closed"))
 
     def complete_body(self) -> bytes | None:
         """The whole body if it already arrived to its end, else None (nothing read).

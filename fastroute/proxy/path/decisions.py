@@ -92,10 +92,12 @@ class DecisionRecord:
         engines got it).
     segments : list of dict
         A stream migrated mid-stream (docs/failure-handling.md): each segment of the
-        client's one stream in order, its ``engine``, output ``tokens`` and ``outcome``;
-        empty for a stream that was not.
+        client's one stream in order, its ``engine``, output ``tokens``, ``outcome`` and
+        why it ended (``ended``: ``drain``, ``error``, ``timeout``, ``connection``; the
+        last segment's is its outcome); empty for a stream that was not.
     not_migrated : str or None
-        A stream that broke after bytes reached the client and was not continued: why.
+        A stream that broke after bytes reached the client and was not continued, or that
+        stays on its draining engine: why.
     hedge : dict or None
         A stream of a ``hedge = true`` class (docs/failure-handling.md): the hedge
         ``delay_s``, whether the hedge was ``sent``, its ``runner_up``, the ``winner``

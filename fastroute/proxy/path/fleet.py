@@ -26,7 +26,7 @@ policies decide over (:mod:`fastroute.proxy.path.fleet_views`) and the weight-ta
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ from fastroute._core.selector_py import ZERO_WEIGHT_RATIO
 from fastroute.config import PRIORITIES, Config, EngineConfig
 from fastroute.hashing import class_key, engine_id
 from fastroute.proxy.path.concurrency import ConcurrencyCaps
+from fastroute.proxy.path.drain import DrainMarks
 from fastroute.proxy.path.eligibility import Eligibility
 from fastroute.proxy.path.engine_stats import CountingOutlierDetector, EngineStats, InFlightCounts
 from fastroute.proxy.path.fleet_views import LoadView, RequestView
@@ -150,6 +151,9 @@ class Fleet:
         #: Per-engine load for the ``marginal-cost`` policy
         #: (:class:`~fastroute.proxy.path.engine_load.EngineLoad`); None unless a class uses it.
         self.load: EngineLoad | None = None
+        #: When streams on each engine hand off because it is draining
+        #: (:class:`~fastroute.proxy.path.drain.DrainMarks`).
+        self.drain = DrainMarks(len(self.engines), config.retry.drain_handoff_after_s)
         self.state = self._make_state(0, None, self._fallback.copy(), None, None, None)
 
     @property
@@ -231,9 +235,18 @@ class Fleet:
         )
 
     def apply_snapshot(self, snap: TableSnapshot) -> FleetState:
-        """Adopt a new table generation; returns the new state."""
+        """Adopt a new table generation (engines it flags draining or unavailable start
+        draining for the relays, :attr:`drain`); returns the new state."""
         self.state = self.state_from_snapshot(snap)
+        self.drain.follow(self.state.available)
         return self.state
+
+    def leaving(self, in_force: Collection[str]) -> list[str]:
+        """The config now in force (a reload) names only ``in_force``: this fleet's other
+        engines drain for the streams still relaying from them; their names."""
+        gone = [i for i, name in enumerate(self.names) if name not in in_force]
+        self.drain.gone(gone)
+        return [self.names[i] for i in gone]
 
     # -- per-request views ------------------------------------------------------------------
 

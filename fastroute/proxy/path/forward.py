@@ -55,6 +55,7 @@ class Forwarder:
         self.headers = headers
         self.relay = Relay(ctx, headers)
         self.migrator = Migrator(ctx, self.attempt)
+        self.relay.migrator = self.migrator  # plans drain hand-offs
         self.hedger = Hedger(ctx, self.attempt, self.migrator)
         self._budget_state: FleetState | None = None  # the state the budget's ratio is from
 
@@ -73,7 +74,7 @@ class Forwarder:
         ctx = self.ctx
         record = state.record
         last: UpstreamError | Reply | None = None
-        state.migration = migration_for(ctx, state)
+        state.migration = migration_for(ctx, state, decision.ranked)
         first = 0
         if self.hedger.applies(state):
             try:

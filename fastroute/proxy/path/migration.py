@@ -10,7 +10,14 @@ it (:mod:`fastroute.proxy.path.continuation`), within ``retry.max_migrations`` a
 retry budget (a migration is a retry), and the relay writes the continuation's events
 into the same client stream (:class:`~fastroute.proxy.path.continuation.SegmentRewriter`).
 When no migration can be made the stream ends as it did before migration existed: one
-SSE error event and a clean end. See docs/failure-handling.md, "Mid-stream migration".
+SSE error event and a clean end.
+
+A stream on an engine that starts draining (:mod:`fastroute.proxy.path.drain`) is
+handed off the same way: the relay asks :meth:`Migrator.handoff` whether it can be
+continued (the same checks, without the retry budget: a hand-off is planned work, not a
+failure), closes the engine's connection (the engine aborts the request) and raises
+:class:`Migrate` with a :class:`DrainHandoff`; a stream that cannot be continued stays
+and finishes where it is. See docs/failure-handling.md, "Mid-stream migration".
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from fastroute.proxy.path.request_state import RequestState
 if TYPE_CHECKING:
     from fastroute.proxy.path.handler import ProxyContext
 
-__all__ = ["Migrate", "Migration", "Migrator", "migration_for"]
+__all__ = ["DrainHandoff", "Migrate", "Migration", "Migrator", "migration_for", "migration_reason"]
 
 #: The endpoints whose streams can be migrated.
 MIGRATABLE_KINDS = frozenset({"chat", "completions"})
@@ -49,11 +56,32 @@ _STREAM_HEADERS = [("Cache-Control", "no-cache")]
 
 
 class Migrate(Exception):
-    """A relayed stream broke after bytes reached the client and may be continued."""
+    """A relayed stream broke after bytes reached the client and may be continued (or was
+    handed off from a draining engine: ``failure`` is a :class:`DrainHandoff`)."""
 
     def __init__(self, failure: UpstreamError) -> None:
         super().__init__(failure.message)
         self.failure = failure
+
+
+class DrainHandoff(UpstreamError):
+    """Why a stream left its engine: the engine is draining (no failure of the engine)."""
+
+    def __init__(self, engine: str) -> None:
+        super().__init__(Outcome.SUCCESS, f"engine {engine} is draining: stream handed off")
+
+
+#: ``fastroute_proxy_migrations_total`` reasons (and the decision record's segment
+#: ``ended``) of the outcomes a stream breaks with.
+_REASONS = {Outcome.TIMEOUT: "timeout", Outcome.HTTP_5XX: "error"}
+
+
+def migration_reason(failure: UpstreamError) -> str:
+    """Why a segment ended: ``drain``, ``timeout`` (idle timeout), ``error`` (an in-stream
+    error event, a refused continuation) or ``connection`` (reset, dropped)."""
+    if isinstance(failure, DrainHandoff):
+        return "drain"
+    return _REASONS.get(failure.outcome, "connection")
 
 
 class Migration:
@@ -82,12 +110,21 @@ class Migration:
         the stream is not migrated).
     segments : list of Attempt
         The attempts whose output went into the client's stream, in order.
+    ended : list of str
+        Why each segment but the one under way ended (:func:`migration_reason`).
+    ranked : sequence of int or None
+        The decision's ranking (engine indices), for a drain hand-off's candidates;
+        None (a hedged leg): never handed off.
+    handoff : tuple of (bytes, SegmentRewriter) or None
+        The continuation a drain hand-off prepared (:meth:`Migrator.handoff`).
+    stays : str or None
+        Why the stream stays on its draining engine (it cannot be continued).
     """
 
     __slots__ = ("body", "limit_bytes", "kept", "kept_bytes", "count", "rewriter", "cut",
-                 "held_back", "segments")  # fmt: skip
+                 "held_back", "segments", "ended", "ranked", "handoff", "stays")  # fmt: skip
 
-    def __init__(self, body: bytes, limit_bytes: int) -> None:
+    def __init__(self, body: bytes, limit_bytes: int, ranked: Sequence[int] | None = None) -> None:
         self.body = body
         self.limit_bytes = limit_bytes
         self.kept: list[bytes] | None = []
@@ -97,6 +134,10 @@ class Migration:
         self.cut = False
         self.held_back: list[bytes] = []
         self.segments: list[Attempt] = []
+        self.ended: list[str] = []
+        self.ranked = ranked
+        self.handoff: tuple[bytes, SegmentRewriter] | None = None
+        self.stays: str | None = None
 
     def relayed(self, data: bytes, errored: bool) -> bytes:
         """The bytes to write to the client for ``data`` (whole events the meter passed;
@@ -135,10 +176,13 @@ class Migration:
         self.held_back = []
 
 
-def migration_for(ctx: ProxyContext, state: RequestState) -> Migration | None:
-    """A :class:`Migration` for a request about to be forwarded, or None when its stream
-    is never migrated (not a chat/completions stream, a P/D stage, its class has
-    ``migrate = false``, or ``retry.max_migrations`` is 0)."""
+def migration_for(
+    ctx: ProxyContext, state: RequestState, ranked: Sequence[int] | None = None
+) -> Migration | None:
+    """A :class:`Migration` for a request about to be forwarded (``ranked``: the
+    decision's ranking, for drain hand-offs), or None when its stream is never migrated
+    (not a chat/completions stream, a P/D stage, its class has ``migrate = false``, or
+    ``retry.max_migrations`` is 0)."""
     retry = ctx.config.retry
     parsed, cls = state.parsed, state.cls
     if (
@@ -152,7 +196,7 @@ def migration_for(ctx: ProxyContext, state: RequestState) -> Migration | None:
         or state.body is None
     ):
         return None
-    return Migration(state.body, retry.max_migration_text_bytes)
+    return Migration(state.body, retry.max_migration_text_bytes, ranked)
 
 
 AttemptFn = Callable[[RequestState, int, int], Awaitable[Reply]]
@@ -177,22 +221,22 @@ class Migrator:
         self, state: RequestState, ranked: Sequence[int], rank: int, failure: UpstreamError
     ) -> Reply:
         """Continue the stream of ``state`` whose attempt at ``ranked[rank]`` broke with
-        ``failure`` on the engines ranked after it; else end it with an SSE error event."""
+        ``failure`` (or was handed off, a :class:`DrainHandoff`) on the engines ranked
+        after it; else end it with an SSE error event."""
         migration = state.migration
         assert migration is not None and state.fleet is not None
         engines = state.fleet.engines
-        later = [
-            (r, i)
-            for r, i in enumerate(ranked)
-            if r > rank and engines[i].kind not in NOT_CONTINUABLE_KINDS
-        ]
+        later = self._candidates(state, ranked, rank)
+        metrics = self.ctx.metrics
         reason = None
         while True:
             body, rewriter, reason = self._next(state, migration, bool(later))
             if body is None or rewriter is None:
                 break
             migration.count += 1
-            self.ctx.metrics.retries.inc()
+            metrics.migrations.labels(migration_reason(failure)).inc()
+            if not isinstance(failure, DrainHandoff):
+                metrics.retries.inc()  # a failure's migration is a retry
             next_rank, index = later.pop(0)
             state.body = body
             migration.rewriter = rewriter
@@ -213,7 +257,8 @@ class Migrator:
             state.record.error = None
             self._segments(state)
             finished = migration.segments[-1].outcome == "success"
-            self.ctx.metrics.broken_streams.labels("migrated" if finished else "failed").inc()
+            if not isinstance(failure, DrainHandoff) or migration.count > 1:
+                self.ctx.metrics.broken_streams.labels("migrated" if finished else "failed").inc()
             return reply
         state.record.not_migrated = reason
         self._segments(state)
@@ -221,6 +266,35 @@ class Migrator:
         self.ctx.metrics.broken_streams.labels(outcome).inc()
         await self._end(state, failure)
         return Reply(200, _STREAM_HEADERS, streamed=True)
+
+    def handoff(self, state: RequestState, rank: int) -> str | None:
+        """A stream at rank ``rank`` on a draining engine: prepare its continuation on the
+        next ranked engine (:attr:`Migration.handoff`); None when it is ready, else why
+        the stream stays. No retry-budget withdrawal: planned work, not a failure."""
+        migration = state.migration
+        assert migration is not None
+        if migration.ranked is None:
+            return "a hedged stream keeps its engine"
+        later = self._candidates(state, migration.ranked, rank)
+        body, rewriter, reason = self._plan(state, migration, bool(later))
+        if body is None or rewriter is None:
+            return reason
+        migration.handoff = body, rewriter
+        return None
+
+    def _candidates(
+        self, state: RequestState, ranked: Sequence[int], rank: int
+    ) -> list[tuple[int, int]]:
+        """(rank, index) of the engines ranked after ``rank`` that can continue a stream:
+        not of a kind in ``NOT_CONTINUABLE_KINDS``, not draining."""
+        fleet = state.fleet
+        assert fleet is not None
+        engines, drain = fleet.engines, fleet.drain
+        return [
+            (r, i)
+            for r, i in enumerate(ranked)
+            if r > rank and engines[i].kind not in NOT_CONTINUABLE_KINDS and not drain.draining(i)
+        ]
 
     async def _continue_on(self, state: RequestState, rank: int, index: int) -> Reply:
         """The continuation's attempt; traced, inside its ``fastroute.migration`` span."""
@@ -241,7 +315,26 @@ class Migrator:
     def _next(
         self, state: RequestState, migration: Migration, candidate: bool
     ) -> tuple[bytes | None, SegmentRewriter | None, str]:
-        """The next continuation's body and rewriter, or why there is none."""
+        """The next continuation's body and rewriter (a drain hand-off's prepared one
+        first), or why there is none."""
+        prepared = migration.handoff
+        if prepared is not None:
+            migration.handoff = None
+            if candidate:  # (its engine may have started draining since)
+                return prepared[0], prepared[1], ""
+        body, rewriter, reason = self._plan(state, migration, candidate)
+        if body is None:
+            return None, None, reason
+        if not self.ctx.budget.try_withdraw(time.monotonic()):
+            self.ctx.metrics.retry_refused.inc()
+            return None, None, "refused by the retry budget"
+        return body, rewriter, ""
+
+    def _plan(
+        self, state: RequestState, migration: Migration, candidate: bool
+    ) -> tuple[bytes | None, SegmentRewriter | None, str]:
+        """A continuation's body and rewriter within the bounds (not the budget), or why
+        there is none."""
         retry = self.ctx.config.retry
         if not migration.intact:
             limit = retry.max_migration_text_bytes
@@ -261,9 +354,6 @@ class Migrator:
         body, refusal = continuation_body(migration.body, chat, relayed.text, tokens_sent)
         if body is None:
             return None, None, refusal or "not continuable"
-        if not self.ctx.budget.try_withdraw(time.monotonic()):
-            self.ctx.metrics.retry_refused.inc()
-            return None, None, "refused by the retry budget"
         rewriter = SegmentRewriter(relayed.response_id, relayed.created, tokens_sent)
         return body, rewriter, ""
 
@@ -271,7 +361,11 @@ class Migrator:
         """Every segment of the stream into the decision record."""
         migration = state.migration
         assert migration is not None
-        state.record.segments = [_segment(a) for a in migration.segments]
+        ended = migration.ended
+        state.record.segments = [
+            _segment(a, ended[n] if n < len(ended) else None)
+            for n, a in enumerate(migration.segments)
+        ]
 
     async def _end(self, state: RequestState, failure: UpstreamError) -> None:
         """End the client's stream with one SSE error event: the engine's own in-stream
@@ -290,10 +384,12 @@ class Migrator:
             state.record.error = "client disconnected mid-stream"
 
 
-def _segment(attempt: Attempt) -> dict[str, Any]:
-    """One segment of a migrated stream, as the decision record shows it."""
+def _segment(attempt: Attempt, ended: str | None) -> dict[str, Any]:
+    """One segment of a migrated stream, as the decision record shows it (``ended``: why
+    it ended, :func:`migration_reason`; the last segment's is its outcome)."""
     return {
         "engine": attempt.engine,
         "tokens": attempt.output_tokens or 0,
         "outcome": attempt.outcome,
+        "ended": ended or attempt.outcome,
     }

@@ -5,7 +5,9 @@ A stream is committed to the client only once its first chunk arrived (a failure
 before it is retryable); a stream that breaks after it is continued on another engine
 when it can be (:mod:`fastroute.proxy.path.migration`: the relay keeps what it wrote and
 raises :class:`~fastroute.proxy.path.migration.Migrate`), else it ends with one SSE
-error event and a clean end of the body.
+error event and a clean end of the body. A stream whose engine starts draining is handed
+off the same way once the engine's hand-off time passed
+(:mod:`fastroute.proxy.path.drain`; checked per chunk: one list index, one compare).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fastroute.proxy.http.upstream import UpstreamError
 from fastroute.proxy.path.decisions import Attempt
 from fastroute.proxy.path.engine_load import AttemptLoad
 from fastroute.proxy.path.headers import HeaderRelay, decision_headers
-from fastroute.proxy.path.migration import Migrate, Migration
+from fastroute.proxy.path.migration import DrainHandoff, Migrate, Migration, migration_reason
 from fastroute.proxy.path.outcomes import Retryable, record_outcome
 from fastroute.proxy.path.request_state import RequestState
 from fastroute.proxy.path.sse import StreamMeter
@@ -36,10 +38,14 @@ from fastroute.tables.stats import Ewma
 if TYPE_CHECKING:
     from fastroute.proxy.path.fleet import Fleet
     from fastroute.proxy.path.handler import ProxyContext
+    from fastroute.proxy.path.migration import Migrator
 
 __all__ = ["Relay", "scrub_error"]
 
 _SSE_END = b"\n\n"
+#: A choice's ``finish_reason`` with a value (compact and spaced JSON).
+_FINISH = b'"finish_reason":"'
+_FINISH_SPACED = b'"finish_reason": "'
 
 
 class _StreamTally:
@@ -50,10 +56,14 @@ class _StreamTally:
     (``marginal-cost`` classes) is told of every token event; ``keep`` (a stream that
     may be migrated) keeps what is written and rewrites a continuation's events. With
     ``splice`` set, :meth:`relay` is the engine connection's callback
-    (:meth:`Response.relay`).
+    (:meth:`Response.relay`). With ``handoff_at`` set (the fleet's
+    :attr:`~fastroute.proxy.path.drain.DrainMarks.handoff_at`, a stream that may be
+    migrated), :meth:`draining` compares ``handoff_at[index]`` per chunk and calls
+    ``on_drain`` once it passed (True: handed off, the engine's connection is closed).
     """
 
-    __slots__ = ("n_chunks", "last", "meter", "tracked", "on_first_token", "splice", "keep")
+    __slots__ = ("n_chunks", "last", "meter", "tracked", "on_first_token", "splice", "keep",
+                 "handoff_at", "index", "on_drain", "handed_off")  # fmt: skip
 
     def __init__(
         self,
@@ -69,6 +79,23 @@ class _StreamTally:
         self.on_first_token = on_first_token
         self.splice: Splice | None = None
         self.keep = keep
+        self.handoff_at: list[float] | None = None
+        self.index = 0
+        self.on_drain: Callable[[], bool] | None = None
+        self.handed_off = False
+
+    def draining(self, now: float, last: bool) -> bool:
+        """Hand the stream off if its engine's hand-off time passed (checked once per
+        chunk, acted on once); True when it was handed off."""
+        handoff_at = self.handoff_at
+        if handoff_at is None or now < handoff_at[self.index] or last:
+            return False
+        self.handoff_at = None  # decided once: handed off, or it stays
+        keep = self.keep
+        if keep is None or keep.cut or not keep.intact or self.on_drain is None:
+            return False
+        self.handed_off = self.on_drain()
+        return self.handed_off
 
     def add(self, chunk: bytes, now: float, last: bool = False) -> bytes:
         """Measure a read at ``now``; the bytes to write for it."""
@@ -98,12 +125,16 @@ class _StreamTally:
         the client's too) and measure it; False when the client is full."""
         assert self.splice is not None
         data = self.add(chunk, now, last)
+        more = True
         if data:  # an empty write would end the chunked body; the relay ends it
             keep = self.keep
             if keep is not None and keep.cut:
                 last = False  # an error was held back: a continuation may follow
-            return self.splice.write_now(data, last)
-        return True
+            more = self.splice.write_now(data, last)
+        handoff_at = self.handoff_at
+        if handoff_at is not None and now >= handoff_at[self.index]:  # the per-chunk check
+            self.draining(now, last)
+        return more
 
 
 def _no_first_token(now: float) -> None:
@@ -146,6 +177,8 @@ class Relay:
         self.headers = headers
         self.retry_on_status = ctx.config.retry.retry_on_status
         self.timeouts = ctx.config.timeouts
+        #: Plans drain hand-offs (the forwarder's); None: streams never hand off.
+        self.migrator: Migrator | None = None
 
     async def upstream_error(
         self, state: RequestState, resp: Response, index: int, attempt: Attempt
@@ -224,6 +257,14 @@ class Relay:
         first_at = loop.time()
         meter = state.meter_type(state.strip_usage)
         tally = _StreamTally(meter, tracked, on_first_token, migration)
+        if (
+            migration is not None
+            and migration.ranked is not None
+            and fleet.drain.enabled
+            and self.migrator is not None
+        ):
+            tally.handoff_at, tally.index = fleet.drain.handoff_at, index
+            tally.on_drain = partial(self._hand_off, state, resp, attempt, tally)
         broken: UpstreamError | None = None
         try:
             await sink.write(tally.add(chunk, first_at))
@@ -252,7 +293,12 @@ class Relay:
                         break
                     if not chunk:
                         break
-                    await sink.write(tally.add(chunk, loop.time()))
+                    now = loop.time()
+                    await sink.write(tally.add(chunk, now))
+                    handoff_at = tally.handoff_at
+                    if handoff_at is not None and now >= handoff_at[index]:
+                        if tally.draining(now, False):
+                            break
             broken = await self._end(state, index, attempt, tally, failure)
         except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
             attempt.outcome = "client_disconnected"
@@ -263,8 +309,28 @@ class Relay:
             state.trace.prompt_tokens = meter.usage.prompt_tokens
         self._account(state, index, attempt, tally, first_at)
         if broken is not None:
+            assert migration is not None
+            migration.ended.append(migration_reason(broken))
             raise Migrate(broken)
         return Reply(resp.status, headers, streamed=True)
+
+    def _hand_off(
+        self, state: RequestState, resp: Response, attempt: Attempt, tally: _StreamTally
+    ) -> bool:
+        """The stream's engine is draining: close its connection (the engine aborts the
+        request) if the stream can be continued elsewhere (True), else it stays."""
+        migration = state.migration
+        assert migration is not None and self.migrator is not None
+        if _FINISH in tally.last or _FINISH_SPACED in tally.last:
+            return False  # the output ended; only its usage and [DONE] are still to come
+        attempt.output_tokens = tally.meter.tokens  # the continuation starts after them
+        why = self.migrator.handoff(state, attempt.rank)
+        if why is not None:
+            migration.stays = why
+            state.record.not_migrated = f"stays on draining engine {attempt.engine}: {why}"
+            return False
+        resp.close()  # wakes a relay's wait_end with ConnectionDropped
+        return True
 
     async def _end(
         self,
@@ -277,6 +343,10 @@ class Relay:
         """End a relayed stream: record its outcome; a broken stream that may be
         migrated stays open (its failure is returned), any other ends here."""
         sink, keep = state.sink, tally.keep
+        if tally.handed_off:  # planned: not a failure of the engine, nothing recorded
+            attempt.outcome = "drained"
+            attempt.detail = f"handed off after {tally.n_chunks} chunks: engine draining"
+            return DrainHandoff(attempt.engine)  # a partial last event is dropped
         if keep is not None and keep.intact and (keep.cut or failure is not None):
             self._stream_outcome(state, index, attempt, tally, failure)
             if failure is None:  # the in-stream error event was held back

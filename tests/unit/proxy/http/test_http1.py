@@ -450,6 +450,46 @@ def test_relay_hands_on_each_read_and_ends() -> None:
     run(main())
 
 
+def test_a_relay_consumer_that_closes_the_response_wakes_wait_end() -> None:
+    """A drain hand-off closes the response from the relay callback: the coroutine in
+    wait_end gets ConnectionDropped at once (not the idle timeout) and the engine sees its
+    connection go."""
+    engine_saw_close = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(SSE_HEAD)
+        try:
+            for i in range(1000):
+                writer.write(chunked(b"data: %d\n\n" % i))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            engine_saw_close.set()
+
+    async def main() -> None:
+        async with serve(handle) as srv:
+            up = _upstream(idle_timeout_s=60.0)
+            loop = asyncio.get_running_loop()
+            resp = await up.open(_engine(srv.port), "/v1/x", b"{}", {}, loop.time() + 60)
+            got: list[bytes] = []
+
+            def on_data(data: bytes, now: float, last: bool) -> bool:
+                got.append(data)
+                if len(got) == 3:
+                    resp.close()
+                return True
+
+            resp.relay(on_data)
+            with pytest.raises(UpstreamError) as err:
+                await up.wait_end(resp, "engine-a", loop.time() + 60)
+            assert err.value.outcome is Outcome.CONNECT_ERROR and len(got) == 3
+            await asyncio.wait_for(engine_saw_close.wait(), 5.0)
+            await up.close()
+
+    run(main())
+
+
 def test_relay_consumer_back_pressure_pauses_without_timing_out() -> None:
     """A consumer that cannot take more stops the connection reading; held back for
     longer than the idle timeout, the stream does not time out (the silence is ours),

@@ -61,3 +61,83 @@ def test_the_tally_measures_reads_and_tells_the_tracker_and_the_first_token() ->
     assert tally.meter.token_events == 1 and tally.meter.tokens == 2
     assert firsts == [1.0]  # TTFT at the first token, not the role event
     assert tracked.tokens_at == [(1, 1.0)]
+
+
+class _Keep:
+    """The parts of a Migration the drain check reads."""
+
+    cut = False
+    intact = True
+
+
+def test_the_drain_check_compares_per_chunk_and_acts_once() -> None:
+    tally = _StreamTally(StreamMeter(strip_usage=False), None, lambda now: None)
+    calls: list[int] = []
+    handoff_at = [10.0]
+    tally.keep = _Keep()  # type: ignore[assignment]
+    tally.handoff_at, tally.index = handoff_at, 0
+    tally.on_drain = lambda: calls.append(1) is None
+    assert not tally.draining(9.0, False)  # before the engine's hand-off time
+    assert not tally.draining(11.0, True)  # the body ends in this read: nothing to move
+    assert tally.draining(11.0, False) and tally.handed_off and calls == [1]
+    assert tally.handoff_at is None  # decided: never checked again
+    assert not tally.draining(12.0, False) and calls == [1]
+
+
+def test_a_stream_with_an_error_held_back_or_over_its_bound_is_not_handed_off() -> None:
+    for keep in (
+        type("Cut", (_Keep,), {"cut": True})(),
+        type("Over", (_Keep,), {"intact": False})(),
+    ):
+        tally = _StreamTally(StreamMeter(strip_usage=False), None, lambda now: None)
+        tally.keep = keep  # type: ignore[assignment]
+        tally.handoff_at, tally.on_drain = [0.0], lambda: True
+        assert not tally.draining(1.0, False) and not tally.handed_off
+
+
+_FLEET = "".join(
+    f'[[engines]]\nname = "e{i}"\nurl = "http://127.0.0.1:{9000 + i}"\nmodels = ["m"]\n\n'
+    for i in range(2)
+)
+_CHAT = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":9,"stream":true}'
+
+
+class _Resp:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_hand_off_prepares_the_continuation_unless_the_output_already_finished() -> None:
+    from fastroute.proxy.path.decisions import Attempt, DecisionRecord
+    from fastroute.proxy.path.forward import Forwarder
+    from fastroute.proxy.path.headers import HeaderRelay
+    from fastroute.proxy.path.migration import Migration
+    from fastroute.proxy.path.request_state import RequestState
+    from fastroute.proxy.proxy_app import build_context
+
+    ctx = build_context(decode_config(_FLEET), None, None)
+    relay = Forwarder(ctx, HeaderRelay(False)).relay
+    record = DecisionRecord(request_id="r", endpoint="/v1/chat/completions")
+    state = RequestState(None, "chat", _CHAT, None, record, None, 0.0)  # type: ignore[arg-type]
+    state.fleet = ctx.fleet
+    migration = state.migration = Migration(_CHAT, 1 << 20, ranked=(0, 1))
+    tally = _StreamTally(StreamMeter(strip_usage=False), None, lambda now: None, migration)
+    event = b'data: {"id":"c1","created":1,"choices":[{"index":0,"delta":{"content":"a"}'
+    for finish in (b',"finish_reason":"stop"}]}\n\n', b',"finish_reason": "length"}]}\n\n'):
+        resp = _Resp()
+        tally.add(event + finish, 1.0)
+        assert not relay._hand_off(state, resp, Attempt("e0", 0), tally)  # type: ignore[arg-type]
+        assert not resp.closed and migration.handoff is None
+    migration.kept = [event + b',"finish_reason":null}]}\n\n']
+    tally.last = migration.kept[0]
+    resp = _Resp()
+    assert relay._hand_off(state, resp, Attempt("e0", 0), tally)  # type: ignore[arg-type]
+    assert resp.closed and migration.handoff is not None
+    body = migration.handoff[0]
+    assert b'"continue_final_message":true' in body and b'"content":"a"' in body
+    ctx.fleet.leaving({"e0"})  # e1 drains too: nowhere to go, the stream stays
+    migration.handoff = None
+    assert not relay._hand_off(state, _Resp(), Attempt("e0", 0), tally)  # type: ignore[arg-type]
+    assert "no other ranked engine" in (record.not_migrated or "")
