@@ -238,16 +238,19 @@ class RoutingProblem:
         """``K``."""
         return int(self.slopes_s.shape[1])
 
+    def shed_penalty_base(self) -> float:
+        """``P₀`` (s per unit of shed rate): ``shed_penalty_base_s`` or its default."""
+        if self.shed_penalty_base_s is not None:
+            return float(self.shed_penalty_base_s)
+        elig = self.eligible
+        max_m = float(self.slopes_s.max(initial=0.0))
+        max_d = float(self.network_latency_s[elig].max(initial=0.0))
+        max_k = float(self.kappa_matrix_s[elig].max(initial=0.0))
+        return 10.0 * max(max_m + max_d + 2.0 * max_k, 1e-3)
+
     def shed_penalty_s(self) -> FloatArray:
         """``P_g = π_g · P₀`` (s per unit of shed rate)."""
-        p0 = self.shed_penalty_base_s
-        if p0 is None:
-            elig = self.eligible
-            max_m = float(self.slopes_s.max(initial=0.0))
-            max_d = float(self.network_latency_s[elig].max(initial=0.0))
-            max_k = float(self.kappa_matrix_s[elig].max(initial=0.0))
-            p0 = 10.0 * max(max_m + max_d + 2.0 * max_k, 1e-3)
-        return self.shed_weight * p0
+        return self.shed_weight * self.shed_penalty_base()
 
 
 @dataclass(frozen=True, eq=False)
