@@ -27,3 +27,18 @@ def test_plan_scale_region_table_is_smaller_than_all_engines() -> None:
     _, _, ps = periods(RunSpec(12, 360, 2, warm_periods=1))
     p = ps[1]
     assert p["table_eligible_cols_bytes_per_region"] < 0.5 * p["table_bytes_per_region"]
+
+
+def test_plan_scale_models_structure_aggregates_models_sharing_engines() -> None:
+    """cluster × model × priority classes: models of one engine set aggregate (per region
+    sets × priorities LP classes), every class keeps its aggregate's row; without shared sets
+    nothing aggregates."""
+    shared = RunSpec(4, 240, 18, warm_periods=1, structure="models", n_models=6, n_priorities=3,
+                     engine_sets=3)  # fmt: skip
+    fleet, lp, ps = periods(shared)
+    assert [p["status"] for p in ps] == ["Optimal", "Optimal"] and ps[1]["warm"]
+    assert lp.classes.n_classes == 4 * 18 and lp.classes.n_groups == 4 * 3 * 3
+    alone = RunSpec(4, 240, 9, warm_periods=1, structure="models", n_models=3, n_priorities=3,
+                    engine_sets=3)  # fmt: skip
+    _, lp_alone, _ = periods(alone)
+    assert lp_alone.classes.n_groups == lp_alone.classes.n_classes
