@@ -179,9 +179,10 @@ def make_lp(spec: RunSpec, fleet: ScaleFleet) -> Any:
         problem = RoutingProblem.from_groups(
             fleet.demand_rps, g, shed_weight=fleet.shed_weight, kappa_s=KAPPA_S
         )
-        reps = group_classes(problem).representative
+        across = spec.across_priorities
+        reps = group_classes(problem, across_priorities=across).representative
         inner = SiftingLP() if use_sifting(g.eligible[reps]) else RoutingLP()
-        return AggregatedLP(inner)
+        return AggregatedLP(inner, across_priorities=across)
     return SiftingLP() if use_sifting(g.eligible) else RoutingLP()
 
 
@@ -213,6 +214,7 @@ def aggregation_figures(fleet: ScaleFleet, lp: Any) -> dict[str, Any]:
     elig = g.eligible if classes is None else g.eligible[classes.representative]
     return {
         "aggregated": classes is not None,
+        "across_priorities": bool(getattr(classes, "across_priorities", False)),
         "n_lp_classes": int(elig.shape[0]),
         "lp_pairs": int(elig.sum()),
         "components": components(elig),
@@ -359,6 +361,7 @@ class RunSpec:
     n_priorities: int = 5
     engine_sets: int = 4
     aggregate: bool = True
+    across_priorities: bool = True
 
 
 def drifted(fleet: ScaleFleet, demand: FloatArray, moved_fraction: float) -> FloatArray:
@@ -457,6 +460,10 @@ def main() -> None:
     ap.add_argument(
         "--no-aggregate", action="store_true", help="solve every class (no class aggregation)"
     )
+    ap.add_argument(
+        "--by-priority", action="store_true",
+        help="aggregate only classes of equal shed weight (not across priorities)",
+    )  # fmt: skip
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     if min(args.models, args.priorities, args.engine_sets) < 1:
@@ -471,7 +478,7 @@ def main() -> None:
                 *size, moved_fraction=m, warm_periods=args.periods, regroup=args.regroup,
                 dense=not args.no_dense, structure=args.structure, n_models=args.models,
                 n_priorities=args.priorities, engine_sets=args.engine_sets,
-                aggregate=not args.no_aggregate,
+                aggregate=not args.no_aggregate, across_priorities=not args.by_priority,
             )  # fmt: skip
             if spec.structure == "models":
                 spec = replace(spec, classes_per_region=args.models * args.priorities)
@@ -481,6 +488,7 @@ def main() -> None:
             *sizes[-1], moved_fraction=moved[-1], regroup=args.regroup, dense=not args.no_dense,
             structure=args.structure, n_models=args.models, n_priorities=args.priorities,
             engine_sets=args.engine_sets, aggregate=not args.no_aggregate,
+            across_priorities=not args.by_priority,
         )  # fmt: skip
         profile_warm(last)
 

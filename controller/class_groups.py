@@ -34,6 +34,18 @@ Why the split is optimal for the class LP (``f`` its objective, ``f_a`` the aggr
 The dual of an aggregate's demand row is a valid demand dual (marginal cost) of each member:
 every member column has its aggregate column's reduced cost.
 
+**Across priorities** (``across_priorities``, the planner's default): classes equal in all but
+``π_g`` route alike and differ only in which sheds first. The aggregate then keeps one shed
+column per member (``shed_segment_*`` of :class:`controller.lp.RoutingProblem`: up to ``D_g`` at
+``π_g P₀``), each member sheds its own column, and routing is split in proportion to the routed
+rate ``r_g = D_g − shed_g``: ``x_g· = (r_g / r_a) x_a·``. The relaxation argument is unchanged
+(summing keeps every shed column), and the split attains ``f_a*`` when
+``x⁰_g· = (r_g / r_a) x⁰_a·``. The table anchor is the previous routed row scaled by
+``D'_g / D_g``, so this holds whenever ``(1 − σ_g) / (1 − σ⁰_g)`` is the same for the members
+(in particular when nothing is shed, or the shed fractions hold); otherwise
+``f(split) − f* ≤ κ Σ_g Σ_e |x⁰_ge − (r_g / r_a) x⁰_ae|``. A member's marginal cost is
+``min(π_a, P_g)`` (a fully shed member's extra demand is shed as well).
+
 The partition (:func:`group_classes`) hashes each class's row bytes once, O(classes × groups);
 :class:`AggregatedLP` keeps it while the problem's rows are the same objects or equal, so a period
 that only changes demand, capacity, health or the anchor costs O(classes + pairs) to aggregate and
@@ -71,12 +83,16 @@ class ClassGroups:
         Classes sorted by aggregate (stable).
     starts : ndarray of intp, shape (n_groups,)
         Where each aggregate's classes start in ``order``.
+    across_priorities : bool
+        Shed weights were left out of the key: an aggregate sheds through one column per member
+        (:func:`aggregate_problem`).
     """
 
     group_of_class: IntArray
     representative: IntArray
     order: IntArray
     starts: IntArray
+    across_priorities: bool = False
 
     @property
     def n_classes(self) -> int:
@@ -115,12 +131,17 @@ class ClassGroups:
         return rows * (share if rows.ndim == 1 else share[:, None])
 
 
-def group_classes(problem: RoutingProblem, decimals: int = 9) -> ClassGroups:
+def group_classes(
+    problem: RoutingProblem, decimals: int = 9, *, across_priorities: bool = False
+) -> ClassGroups:
     """Partition ``problem``'s classes by (eligibility, latency, κ, shed weight) rows.
 
     Latency and κ are compared rounded to ``decimals`` and only on eligible pairs (elsewhere the
-    LP has no column), as :func:`controller.groups.engine_locations` does for engines.
+    LP has no column), as :func:`controller.groups.engine_locations` does for engines;
+    ``across_priorities`` leaves the shed weight out of the key (module doc).
     """
+    if problem.shed_segment_class is not None:
+        raise ValueError("the problem already has shed segments (aggregated once)")
     elig = problem.eligible
     dist = np.round(np.where(elig, problem.network_latency_s, 0.0), decimals) + 0.0
     kappa = problem.kappa_matrix_s
@@ -130,6 +151,8 @@ def group_classes(problem: RoutingProblem, decimals: int = 9) -> ClassGroups:
         else np.round(np.where(elig, kappa, 0.0), decimals) + 0.0
     )
     pi = np.round(problem.shed_weight, decimals) + 0.0
+    if across_priorities:
+        pi = np.zeros_like(pi)
     elig_b = np.ascontiguousarray(elig)
     dist_b = np.ascontiguousarray(dist)
     kappa_b = np.ascontiguousarray(kappa_rows)
@@ -150,7 +173,7 @@ def group_classes(problem: RoutingProblem, decimals: int = 9) -> ClassGroups:
     np.minimum.at(reps, group_of_class, np.arange(elig.shape[0]))
     order = np.argsort(group_of_class, kind="stable")
     starts = np.searchsorted(group_of_class[order], np.arange(n))
-    return ClassGroups(group_of_class, reps, order, starts)
+    return ClassGroups(group_of_class, reps, order, starts, across_priorities)
 
 
 def aggregate_problem(problem: RoutingProblem, classes: ClassGroups) -> RoutingProblem:
@@ -161,6 +184,14 @@ def aggregate_problem(problem: RoutingProblem, classes: ClassGroups) -> RoutingP
     """
     reps = classes.representative
     kappa = problem.kappa_matrix_s
+    segments: dict[str, npt.NDArray[np.generic] | None] = {}
+    if classes.across_priorities:  # one shed column per member, in aggregate order
+        o = classes.order
+        segments = {
+            "shed_segment_class": classes.group_of_class[o],
+            "shed_segment_weight": problem.shed_weight[o],
+            "shed_segment_rps": problem.demand_rps[o],
+        }
     return RoutingProblem(
         demand_rps=classes.total(problem.demand_rps),
         eligible=problem.eligible[reps],
@@ -172,6 +203,7 @@ def aggregate_problem(problem: RoutingProblem, classes: ClassGroups) -> RoutingP
         kappa_s=float(kappa.flat[0]) if kappa.size and kappa.strides == (0, 0) else kappa[reps],
         shed_penalty_base_s=problem.shed_penalty_base(),
         allow_shed=problem.allow_shed,
+        **segments,  # type: ignore[arg-type]
     )
 
 
@@ -207,11 +239,17 @@ class AggregatedLP:
         Solves the aggregated problem.
     decimals : int
         Rounding of latencies and κ when comparing rows.
+    across_priorities : bool
+        Also aggregate classes that differ only in shed weight, each member keeping its own shed
+        column (module doc: exact while shed fractions hold, the move term bounded otherwise).
     """
 
-    def __init__(self, inner: RoutingLP | SiftingLP, *, decimals: int = 9) -> None:
+    def __init__(
+        self, inner: RoutingLP | SiftingLP, *, decimals: int = 9, across_priorities: bool = False
+    ) -> None:
         self.inner = inner
         self.decimals = decimals
+        self.across_priorities = across_priorities
         self._rows: RoutingProblem | None = None
         self.classes: ClassGroups | None = None
 
@@ -223,7 +261,9 @@ class AggregatedLP:
     def partition(self, problem: RoutingProblem) -> ClassGroups:
         """The partition of ``problem``'s classes (cached while its rows are unchanged)."""
         if self.classes is None or self._rows is None or not _same_rows(self._rows, problem):
-            self.classes = group_classes(problem, self.decimals)
+            self.classes = group_classes(
+                problem, self.decimals, across_priorities=self.across_priorities
+            )
         self._rows = problem
         return self.classes
 
@@ -246,12 +286,36 @@ class AggregatedLP:
                 )
             anchor = classes.total(x0)
         res = self.inner.solve(agg, anchor)
+        if classes.across_priorities:
+            return _split_staircase(problem, agg, classes, res)
         d, da = problem.demand_rps, agg.demand_rps
-        x = classes.split(res.x_rps, d, da)
         return replace(
             res,
-            x_rps=x,
+            x_rps=classes.split(res.x_rps, d, da),
             shed_rps=classes.split(res.shed_rps, d, da),
             marginal_cost_s=res.marginal_cost_s[classes.group_of_class],
-            load_rps=res.load_rps,
         )
+
+
+def _split_staircase(
+    problem: RoutingProblem, agg: RoutingProblem, classes: ClassGroups, res: SolveResult
+) -> SolveResult:
+    """Per-class result of an aggregate solved with one shed column per member: each member
+    sheds its column, and routes in proportion to its routed rate ``D_g − shed_g``."""
+    seg = res.shed_segment_rps
+    assert seg is not None
+    shed = np.empty(classes.n_classes)
+    shed[classes.order] = seg
+    shed = np.minimum(shed, problem.demand_rps)
+    routed = problem.demand_rps - shed
+    marginal = np.minimum(
+        res.marginal_cost_s[classes.group_of_class],
+        problem.shed_weight * agg.shed_penalty_base(),
+    )  # a fully shed member's extra demand is shed too: its marginal cost is its P_g
+    return replace(
+        res,
+        x_rps=classes.split(res.x_rps, routed, classes.total(routed)),
+        shed_rps=shed,
+        marginal_cost_s=marginal,
+        shed_segment_rps=None,
+    )

@@ -8,7 +8,8 @@ anchor its next period at what is in force.
 
 * :class:`LPPlanner` (``mode = "lp"``): :class:`controller.solve.RoutingLP` (or
   :class:`controller.sifting.SiftingLP` on big LPs) over class aggregates
-  (:class:`controller.class_groups.AggregatedLP`: interchangeable classes solved as one, exact)
+  (:class:`controller.class_groups.AggregatedLP`: classes alike but for their priority solved
+  as one, each keeping its shed column)
   in a worker thread, warm, anchored at what the
   published table sends at the new forecast (:func:`controller.weights.table_anchor`); a period
   whose LP inputs equal the last successful solve's reuses its result
@@ -50,6 +51,7 @@ from fastroute.errors import TableError
 from fastroute.tables import FLAG_UNAVAILABLE
 
 __all__ = [
+    "AGGREGATE_ACROSS_PRIORITIES",
     "SIFTING_MIN_PAIRS",
     "LPPlanner",
     "PControllerPlanner",
@@ -68,6 +70,12 @@ FloatArray = npt.NDArray[np.float64]
 #: generation (:class:`controller.sifting.SiftingLP`) — if a class has more eligible groups
 #: than sifting's first working set takes (:func:`use_sifting`).
 SIFTING_MIN_PAIRS = 10_000
+
+#: Aggregate classes that differ only in priority too, each keeping its own shed column
+#: (:class:`controller.class_groups.AggregatedLP`): exact while shed fractions hold, the move
+#: charge bounded when they change; 5 000 → 400 LP classes in a cluster × model × priority fleet
+#: (docs/controller.md "Plan at scale").
+AGGREGATE_ACROSS_PRIORITIES = True
 
 #: One period's solve: the LP result, engine weights, shed fractions, per-engine allocation.
 PeriodSolution = tuple[SolveResult, FloatArray, FloatArray, FloatArray]
@@ -236,13 +244,15 @@ class LPPlanner:
             shed_weight=model.shed_weight,
             kappa_s=controller.kappa_s,
         )
-        agg_eligible = model.groups.eligible[group_classes(rows).representative]
+        across = AGGREGATE_ACROSS_PRIORITIES
+        reps = group_classes(rows, across_priorities=across).representative
+        agg_eligible = model.groups.eligible[reps]
         inner = (
             SiftingLP(time_limit_s=limit_s)
             if use_sifting(agg_eligible)
             else RoutingLP(time_limit_s=limit_s)
         )
-        self.lp = AggregatedLP(inner)
+        self.lp = AggregatedLP(inner, across_priorities=across)
         self.kappa_s = controller.kappa_s
         self.shed_base_factor = controller.shed_base_factor
         #: The last successful LP solve, reused while a period's LP inputs are the same.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -173,3 +175,89 @@ def test_the_partition_is_kept_while_the_rows_are_the_same() -> None:
     assert lp.classes is not cached
     with pytest.raises(ValueError, match="x_prev_rps"):
         lp.solve(changed, res.x_rps[:, :2])
+
+
+def with_priorities(problem: RoutingProblem, rng: np.random.Generator) -> RoutingProblem:
+    """The same rows with every class's shed weight drawn anew (duplicates now differ in π)."""
+    return replace(problem, shed_weight=rng.choice([1.0, 10.0, 100.0], problem.n_classes))
+
+
+def staircase_bound(problem: RoutingProblem, res: SolveResult, anchor: np.ndarray) -> float:
+    """κ Σ |x⁰_g − s_g x⁰_a|, s_g = routed_g / routed_a: the move term the split may overpay."""
+    cg = group_classes(problem, across_priorities=True)
+    routed = problem.demand_rps - res.shed_rps
+    proportional = cg.split(cg.total(anchor), routed, cg.total(routed))
+    return float((problem.kappa_matrix_s * np.abs(anchor - proportional)).sum())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_aggregating_across_priorities_is_exact_while_shed_fractions_hold(seed: int) -> None:
+    """Duplicates that differ only in π, aggregated with one shed column per member: the cold
+    solve matches the class LP, and so does every warm period whose shed fractions held (all of
+    them at 30 % load); otherwise the optimum is matched up to the stated move-term bound, the
+    aggregated LP is a relaxation, members shed lowest priority first and share their
+    aggregate's weight row."""
+    rng = np.random.default_rng(200 + seed)
+    overload = seed % 2 == 0
+    base, _ = random_problem(rng, load=1.3 if overload else 0.3)
+    problem = with_priorities(base, rng)
+    agg_lp, full_lp = AggregatedLP(RoutingLP(), across_priorities=True), RoutingLP()
+    x_prev = demand_prev = sigma_prev = None
+    exact_warm = 0
+    for period in range(3):
+        if x_prev is not None:
+            demand = problem.demand_rps * rng.uniform(0.9, 1.1, problem.n_classes)
+            problem = replace(problem, demand_rps=demand)
+        anchor = None if x_prev is None else table_anchor(x_prev, demand_prev, problem.demand_rps)
+        ra = agg_lp.solve(problem, anchor)
+        rf = full_lp.solve(problem, anchor)
+        cg = agg_lp.classes
+        assert cg is not None and cg.across_priorities
+        assert cg.n_groups < problem.n_classes
+        tol = 1e-6 * max(1.0, abs(rf.objective))
+        f_split = class_objective(problem, ra, anchor)
+        assert ra.objective <= rf.objective + tol
+        np.testing.assert_allclose(ra.x_rps.sum(axis=1) + ra.shed_rps, problem.demand_rps)
+        sigma = ra.shed_rps / problem.demand_rps
+        if period == 0 or np.allclose(sigma, sigma_prev, atol=1e-9):
+            assert rf.objective - tol <= f_split <= rf.objective + tol
+            exact_warm += period > 0
+        else:
+            bound = staircase_bound(problem, ra, anchor)
+            assert rf.objective - tol <= f_split <= rf.objective + bound + tol
+        w = ra.x_rps / np.maximum(ra.x_rps.sum(axis=1, keepdims=True), 1e-12)
+        xa = cg.total(ra.x_rps)
+        w_agg = (xa / np.maximum(xa.sum(axis=1, keepdims=True), 1e-12))[cg.group_of_class]
+        routes = ra.x_rps.sum(axis=1) > 1e-9
+        np.testing.assert_allclose(w[routes], w_agg[routes], atol=1e-9)
+        # inside an aggregate a class sheds only if every lower priority sheds in full
+        for a in range(cg.n_groups):
+            members = np.flatnonzero(cg.group_of_class == a)
+            pi = problem.shed_weight[members]
+            for i in members[sigma[members] > 1e-9]:
+                lower = members[pi < problem.shed_weight[i]]
+                assert np.all(sigma[lower] > 1 - 1e-9)
+        x_prev, demand_prev, sigma_prev = ra.x_rps, problem.demand_rps, sigma
+    assert np.all(ra.marginal_cost_s <= problem.shed_penalty_s() + 1e-9)
+    assert overload or exact_warm == 2  # below capacity nothing is shed: every period exact
+
+
+def test_shed_segments_are_validated_and_keep_the_structure_warm() -> None:
+    """Shed segment arrays come together and index the classes; an aggregated problem with the
+    same partition re-solves warm."""
+    problem, _ = random_problem(np.random.default_rng(5))
+    with pytest.raises(ValueError, match="together"):
+        replace(problem, shed_segment_class=np.zeros(2, dtype=np.intp))
+    with pytest.raises(ValueError, match="index"):
+        replace(
+            problem,
+            shed_segment_class=np.array([0, problem.n_classes]),
+            shed_segment_weight=np.ones(2),
+            shed_segment_rps=np.ones(2),
+        )
+    lp = AggregatedLP(RoutingLP(), across_priorities=True)
+    first = lp.solve(with_priorities(problem, np.random.default_rng(1)))
+    res = lp.solve(replace(problem, demand_rps=problem.demand_rps * 1.02), first.x_rps)
+    assert res.warm
+    with pytest.raises(ValueError, match="already"):
+        group_classes(aggregate_problem(problem, lp.classes))
