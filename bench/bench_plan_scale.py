@@ -163,12 +163,16 @@ def make_model_fleet(
 
 
 def build_fleet(spec: RunSpec) -> ScaleFleet:
-    """The fleet of ``spec.structure``: ``uniform`` (:func:`make_fleet`) or ``models``."""
+    """The fleet of ``spec.structure``: ``uniform`` (:func:`make_fleet`) or ``models``, its
+    demand scaled to ``spec.load`` of capacity."""
     if spec.structure == "models":
-        return make_model_fleet(
+        fleet = make_model_fleet(
             spec.n_regions, spec.n_engines, spec.n_models, spec.n_priorities, spec.engine_sets
         )
-    return make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
+    else:
+        fleet = make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
+    fleet.demand_rps = fleet.demand_rps * (spec.load / 0.7)
+    return fleet
 
 
 def make_lp(spec: RunSpec, fleet: ScaleFleet) -> Any:
@@ -362,6 +366,7 @@ class RunSpec:
     engine_sets: int = 4
     aggregate: bool = True
     across_priorities: bool = True
+    load: float = 0.7
 
 
 def drifted(fleet: ScaleFleet, demand: FloatArray, moved_fraction: float) -> FloatArray:
@@ -399,6 +404,7 @@ def run_size(spec: RunSpec) -> dict[str, Any]:
         "structure": structure_name(spec),
         **agg,
         "moved_fraction": spec.moved_fraction,
+        "load": spec.load,
         "regroup": spec.regroup,
         "dense": spec.dense,
         "n_classes": int(fleet.demand_rps.size),
@@ -454,6 +460,7 @@ def main() -> None:
         help="classes per region: uniform (C alike) or models (cluster x model x priority; "
         "C is replaced by --models x --priorities)",
     )  # fmt: skip
+    ap.add_argument("--load", type=float, default=0.7, help="demand / capacity")
     ap.add_argument("--models", type=int, default=10)
     ap.add_argument("--priorities", type=int, default=5)
     ap.add_argument("--engine-sets", type=int, default=4, help="distinct model engine sets")
@@ -479,6 +486,7 @@ def main() -> None:
                 dense=not args.no_dense, structure=args.structure, n_models=args.models,
                 n_priorities=args.priorities, engine_sets=args.engine_sets,
                 aggregate=not args.no_aggregate, across_priorities=not args.by_priority,
+                load=args.load,
             )  # fmt: skip
             if spec.structure == "models":
                 spec = replace(spec, classes_per_region=args.models * args.priorities)
@@ -488,7 +496,7 @@ def main() -> None:
             *sizes[-1], moved_fraction=moved[-1], regroup=args.regroup, dense=not args.no_dense,
             structure=args.structure, n_models=args.models, n_priorities=args.priorities,
             engine_sets=args.engine_sets, aggregate=not args.no_aggregate,
-            across_priorities=not args.by_priority,
+            across_priorities=not args.by_priority, load=args.load,
         )  # fmt: skip
         profile_warm(last)
 
