@@ -11,6 +11,10 @@ solution ``x⁰`` as anchor::
           link   e:  Σ_g (p_ge − q_ge) − Σ_k s_ek =   − Σ_g x⁰_ge          (load_e = Σ_k s_ek)
           0 ≤ p,  0 ≤ q ≤ x⁰,  0 ≤ s_ek ≤ W_ek = (b_k − b_{k−1}) C_e h_e,  0 ≤ shed_g ≤ D_g
 
+A class aggregated over priorities (:mod:`controller.class_groups`) has several shed columns
+instead of one, ``shed_j ≤ D_j`` at ``π_j P₀`` each (``shed_segment_*``); ``shed_g`` above is then
+their sum, and ``n_G`` below in the column counts becomes the number of shed columns.
+
 Columns are ordered ``[p (n_A), q (n_A), s (n_E·K), shed (n_G)]``, rows ``[demand (n_G), link
 (n_E)]``; ``2·n_A + n_E·K + n_G`` columns, ``n_G + n_E`` rows, ``4·n_A + n_E·K + n_G`` nonzeros.
 Every p/q column has exactly two nonzeros, so the CSC arrays are built with ``np.repeat`` /
