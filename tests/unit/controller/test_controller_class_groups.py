@@ -10,6 +10,7 @@ import pytest
 from controller.class_groups import AggregatedLP, aggregate_problem, group_classes
 from controller.latency import LatencyProfile
 from controller.lp import RoutingProblem
+from controller.sifting import SiftingLP
 from controller.solve import RoutingLP, SolveResult
 from controller.weights import table_anchor
 
@@ -261,3 +262,21 @@ def test_shed_segments_are_validated_and_keep_the_structure_warm() -> None:
     assert res.warm
     with pytest.raises(ValueError, match="already"):
         group_classes(aggregate_problem(problem, lp.classes))
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_column_generation_inside_the_aggregated_lp(across: bool) -> None:
+    """SiftingLP as the inner solver (a small first working set, so pairs enter by pricing; shed
+    columns per member when across priorities): the class LP's objective, cold and warm."""
+    rng = np.random.default_rng(21)
+    problem, _ = random_problem(rng, n_types=5, n_engines=12, load=1.1)
+    problem = with_priorities(problem, rng)
+    lp = AggregatedLP(SiftingLP(pairs_per_class=1, add_per_class=1), across_priorities=across)
+    full = RoutingLP()
+    anchor = None
+    for _period in range(2):
+        ra, rf = lp.solve(problem, anchor), full.solve(problem, anchor)
+        assert abs(ra.objective - rf.objective) <= 1e-6 * max(1.0, abs(rf.objective))
+        assert lp.inner.rounds > 1 or _period > 0
+        anchor = ra.x_rps
+        problem = replace(problem, demand_rps=problem.demand_rps * 1.01)
