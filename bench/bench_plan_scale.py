@@ -42,6 +42,7 @@ from controller.planner import SIFTING_MIN_PAIRS
 from controller.sifting import SiftingLP
 from controller.solve import RoutingLP, SolveResult
 from controller.weights import (
+    churn,
     class_weights,
     engine_weights,
     region_engine_weights,
@@ -418,6 +419,49 @@ def run_size(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+def churn_run(spec: RunSpec, n_periods: int, seed: int) -> dict[str, Any]:
+    """Weight churn of the class rows under i.i.d. 5 % demand noise around the base demand:
+    no aggregation, by priority and across priorities, each from the same cold start and noise.
+
+    Churn is :func:`controller.weights.churn` of consecutive class × group weight rows (demand
+    weighted total variation); also the mean change of the shed fractions (demand weighted).
+    """
+    size = f"{spec.n_regions}x{spec.n_engines}x{spec.classes_per_region}"
+    out: dict[str, Any] = {
+        "size": size, "structure": structure_name(spec), "load": spec.load, "seed": seed
+    }  # fmt: skip
+    for name in ("none", "by_priority", "across"):
+        fleet = build_fleet(spec)
+        g = fleet.groups()
+        rng = np.random.default_rng(seed)
+        lp = make_lp(
+            replace(spec, aggregate=name != "none", across_priorities=name == "across"), fleet
+        )
+        d = fleet.demand_rps
+        r = lp.solve(
+            RoutingProblem.from_groups(d, g, shed_weight=fleet.shed_weight, kappa_s=KAPPA_S)
+        )
+        w, sigma = class_weights(r.x_rps, r.shed_rps, d)
+        tv, dsigma = [], []
+        for _ in range(n_periods):
+            d1 = fleet.demand_rps * rng.uniform(0.95, 1.05, d.size)
+            problem = RoutingProblem.from_groups(
+                d1, g, shed_weight=fleet.shed_weight, kappa_s=KAPPA_S
+            )
+            r = lp.solve(problem, table_anchor(r.x_rps, d, d1))
+            w1, sigma1 = class_weights(r.x_rps, r.shed_rps, d1)
+            tv.append(churn(w, w1, d1))
+            dsigma.append(float(np.abs(sigma1 - sigma) @ d1 / d1.sum()))
+            d, w, sigma = d1, w1, sigma1
+        out[name] = {
+            "churn_mean_pct": round(100 * float(np.mean(tv)), 3),
+            "churn_max_pct": round(100 * float(np.max(tv)), 3),
+            "shed_fraction_change_pct": round(100 * float(np.mean(dsigma)), 3),
+            "shed_rps": round(float(r.shed_rps.sum()), 1),
+        }
+    return out
+
+
 def profile_warm(spec: RunSpec, top: int = 15) -> None:
     """cProfile of one warm period (own time, top functions)."""
     fleet = build_fleet(spec)
@@ -471,6 +515,11 @@ def main() -> None:
         "--by-priority", action="store_true",
         help="aggregate only classes of equal shed weight (not across priorities)",
     )  # fmt: skip
+    ap.add_argument(
+        "--churn", type=int, default=0, metavar="N",
+        help="instead of timing: churn over N noisy periods, none / by priority / across",
+    )  # fmt: skip
+    ap.add_argument("--seed", type=int, default=7, help="demand noise seed of --churn")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     if min(args.models, args.priorities, args.engine_sets) < 1:
@@ -490,7 +539,8 @@ def main() -> None:
             )  # fmt: skip
             if spec.structure == "models":
                 spec = replace(spec, classes_per_region=args.models * args.priorities)
-            print(json.dumps(run_size(spec)), flush=True)
+            result = churn_run(spec, args.churn, args.seed) if args.churn else run_size(spec)
+            print(json.dumps(result), flush=True)
     if args.profile:
         last = RunSpec(
             *sizes[-1], moved_fraction=moved[-1], regroup=args.regroup, dense=not args.no_dense,
