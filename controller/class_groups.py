@@ -1,4 +1,4 @@
-"""Exact aggregation of demand classes for the routing LP (the analogue of engine groups).
+"""Aggregation of demand classes for the routing LP (the analogue of engine groups).
 
 Algorithm (docs/controller.md "Plan at scale", docs/algorithms.md §1.8). Every LP coefficient of
 a class ``g`` sits in its row of the problem (:class:`controller.lp.RoutingProblem`): the
@@ -47,9 +47,9 @@ rate ``r_g = D_g − shed_g``: ``x_g· = (r_g / r_a) x_a·``. The relaxation arg
 ``min(π_a, P_g)`` (a fully shed member's extra demand is shed as well).
 
 The partition (:func:`group_classes`) hashes each class's row bytes once, O(classes × groups);
-:class:`AggregatedLP` keeps it while the problem's rows are the same objects or equal, so a period
-that only changes demand, capacity, health or the anchor costs O(classes + pairs) to aggregate and
-split.
+:class:`AggregatedLP` keeps it while the problem's rows are the same objects or equal (an identity
+check on the planner's path), so a period that only changes demand, capacity, health or the anchor
+pays no hashing, only a sum and a split over the dense classes × groups rows it already holds.
 """
 
 from __future__ import annotations
