@@ -50,6 +50,7 @@ from controller.region_tables import EncodedTables
 from controller.sifting import SiftingLP
 from controller.solve import RoutingLP, SolveResult
 from controller.weights import (
+    churn,
     class_weights,
     engine_weights,
     region_engine_weights,
@@ -58,6 +59,11 @@ from controller.weights import (
 )
 from fastroute.tables import TableSnapshot
 from fastroute.tables.wire import encode_snapshot
+
+try:
+    from controller.class_groups import AggregatedLP, group_classes
+except ImportError:  # a tree from before class aggregation (the "before" figure)
+    AggregatedLP = group_classes = None  # type: ignore[assignment,misc]
 
 try:
     from controller.planner import use_sifting
@@ -92,6 +98,7 @@ class ScaleFleet:
     rtt_s: FloatArray
     demand_rps: FloatArray
     rng: np.random.Generator
+    shed_weight: FloatArray | None = None
 
     def groups(self, prev: EngineGroups | None = None) -> EngineGroups:
         """Groups at the current health: ``prev`` re-derated when given (the service's path on a
@@ -133,6 +140,100 @@ def make_fleet(
         demand_rps=demand,
         rng=rng,
     )
+
+
+def make_model_fleet(
+    n_regions: int,
+    n_engines: int,
+    n_models: int,
+    n_priorities: int,
+    engine_sets: int,
+    seed: int = 3,
+) -> ScaleFleet:
+    """The fleet of :func:`make_fleet` with the controller's class structure: per region
+    ``n_models × n_priorities`` classes (cluster × model × priority). Model ``m`` runs on engine
+    set ``m % engine_sets``; an engine hosts two adjacent sets ``{k, k + 1}`` (``k`` cycling over
+    the engines of a region independently of the hardware), so sets overlap partly and models of
+    one set share their engines. Shed weights ``10^(2 i / (P − 1))`` by priority ``i``; demand
+    70 % of capacity, each class's share drawn ∝ the capacity it may use."""
+    base = make_fleet(n_regions, n_engines, n_models * n_priorities, seed)
+    rng = base.rng
+    n_c = base.class_region.size
+    class_model = np.tile(np.repeat(np.arange(n_models), n_priorities), n_regions)
+    class_priority = np.tile(np.arange(n_priorities), n_regions * n_models)
+    k = (np.arange(n_engines) // (3 * n_regions)) % engine_sets
+    hosted = np.zeros((engine_sets, n_engines), dtype=bool)
+    hosted[k, np.arange(n_engines)] = True
+    hosted[(k + 1) % engine_sets, np.arange(n_engines)] = True
+    eligible = base.eligible & hosted[class_model % engine_sets]
+    usable = (eligible * base.capacity_rps).sum(axis=1)
+    share = rng.dirichlet(np.ones(n_c)) * usable
+    demand = share / share.sum() * 0.7 * float(base.capacity_rps.sum())
+    pi = 10.0 ** (2.0 * np.arange(n_priorities) / max(n_priorities - 1, 1))
+    return replace(base, eligible=eligible, demand_rps=demand, shed_weight=pi[class_priority])
+
+
+def build_fleet(spec: RunSpec) -> ScaleFleet:
+    """The fleet of ``spec.structure``: ``uniform`` (:func:`make_fleet`) or ``models``, its
+    demand scaled to ``spec.load`` of capacity."""
+    if spec.structure == "models":
+        fleet = make_model_fleet(
+            spec.n_regions, spec.n_engines, spec.n_models, spec.n_priorities, spec.engine_sets
+        )
+    else:
+        fleet = make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
+    fleet.demand_rps = fleet.demand_rps * (spec.load / 0.7)
+    return fleet
+
+
+def make_lp(spec: RunSpec, fleet: ScaleFleet) -> Any:
+    """The planner's solver: sifting or whole LP by :func:`use_sifting` on the LP it solves,
+    over class aggregates (``spec.aggregate``, when the tree has them)."""
+    g = fleet.groups()
+    if spec.aggregate and AggregatedLP is not None:
+        problem = RoutingProblem.from_groups(
+            fleet.demand_rps, g, shed_weight=fleet.shed_weight, kappa_s=KAPPA_S
+        )
+        across = spec.across_priorities
+        reps = group_classes(problem, across_priorities=across).representative
+        inner = SiftingLP() if use_sifting(g.eligible[reps]) else RoutingLP()
+        return AggregatedLP(inner, across_priorities=across)
+    return SiftingLP() if use_sifting(g.eligible) else RoutingLP()
+
+
+def structure_name(spec: RunSpec) -> str:
+    if spec.structure == "models":
+        return f"models:{spec.n_models}x{spec.n_priorities}/sets{spec.engine_sets}"
+    return "uniform"
+
+
+def components(eligible: npt.NDArray[np.bool_]) -> int:
+    """Connected components of the class–group eligibility graph (label propagation)."""
+    ci, gi = np.nonzero(eligible)
+    n_c, n_g = eligible.shape
+    label_c = np.arange(n_c)
+    while True:
+        label_g = np.full(n_g, n_c)
+        np.minimum.at(label_g, gi, label_c[ci])
+        new_c = label_c.copy()
+        np.minimum.at(new_c, ci, label_g[gi])
+        if np.array_equal(new_c, label_c):
+            return int(np.unique(label_c).size)
+        label_c = new_c
+
+
+def aggregation_figures(fleet: ScaleFleet, lp: Any) -> dict[str, Any]:
+    """Classes, aggregates and independent components of the LP the planner solves."""
+    g = fleet.groups()
+    classes = getattr(lp, "classes", None)
+    elig = g.eligible if classes is None else g.eligible[classes.representative]
+    return {
+        "aggregated": classes is not None,
+        "across_priorities": bool(getattr(classes, "across_priorities", False)),
+        "n_lp_classes": int(elig.shape[0]),
+        "lp_pairs": int(elig.sum()),
+        "components": components(elig),
+    }
 
 
 def region_tables(
@@ -224,7 +325,7 @@ def fanout(fleet: ScaleFleet, weights: FloatArray, sigma: FloatArray) -> dict[st
 
 @dataclass
 class PeriodState:
-    lp: RoutingLP | SiftingLP
+    lp: RoutingLP | SiftingLP | Any
     regroup: str = "health"
     dense: bool = True
     fanout: bool = True
@@ -240,14 +341,16 @@ def period(fleet: ScaleFleet, state: PeriodState, demand: FloatArray) -> dict[st
     g = fleet.groups(state.groups if state.regroup == "health" else None)
     t["group_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     anchor = None
     if state.x_prev is not None and state.demand_prev is not None:
         anchor = table_anchor(state.x_prev, state.demand_prev, demand)
-    problem = RoutingProblem.from_groups(demand, g, kappa_s=KAPPA_S)
+    problem = RoutingProblem.from_groups(demand, g, shed_weight=fleet.shed_weight, kappa_s=KAPPA_S)
     t["build_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     res: SolveResult = state.lp.solve(problem, anchor)
     t["solve_s"] = time.perf_counter() - t0
+    build_solve_cpu_s = time.process_time() - cpu0
     t0 = time.perf_counter()
     wg, sigma = class_weights(res.x_rps, res.shed_rps, demand, fallback=g.eligible * g.capacity_rps)
     t["class_rows_s"] = time.perf_counter() - t0
@@ -258,6 +361,7 @@ def period(fleet: ScaleFleet, state: PeriodState, demand: FloatArray) -> dict[st
     out = {
         **{k: round(v, 4) for k, v in t.items()},
         "build_solve_s": round(t["build_s"] + t["solve_s"], 4),
+        "build_solve_cpu_s": round(build_solve_cpu_s, 4),
         "plan_region_direct_s": round(sum(t.values()), 4),
         "status": res.status,
         "warm": res.warm,
@@ -320,6 +424,13 @@ class RunSpec:
     regroup: str = "health"
     dense: bool = True
     fanout: bool = True
+    structure: str = "uniform"
+    n_models: int = 10
+    n_priorities: int = 5
+    engine_sets: int = 4
+    aggregate: bool = True
+    across_priorities: bool = True
+    load: float = 0.7
 
 
 def drifted(fleet: ScaleFleet, demand: FloatArray, moved_fraction: float) -> FloatArray:
@@ -331,8 +442,8 @@ def drifted(fleet: ScaleFleet, demand: FloatArray, moved_fraction: float) -> Flo
 
 def periods(spec: RunSpec) -> tuple[ScaleFleet, RoutingLP | SiftingLP, list[dict[str, Any]]]:
     """The cold period, then ``warm_periods`` after drift, each with DERATED engines derated."""
-    fleet = make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
-    lp: RoutingLP | SiftingLP = SiftingLP() if use_sifting(fleet.groups().eligible) else RoutingLP()
+    fleet = build_fleet(spec)
+    lp = make_lp(spec, fleet)
     state = PeriodState(lp, regroup=spec.regroup, dense=spec.dense, fanout=spec.fanout)
     out = [period(fleet, state, fleet.demand_rps)]
     demand = fleet.demand_rps
@@ -352,14 +463,18 @@ def run_size(spec: RunSpec) -> dict[str, Any]:
     periods(replace(spec, warm_periods=1, fanout=False))  # the peak of the planner's path
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    agg = aggregation_figures(fleet, lp)
     return {
         "size": f"{spec.n_regions}x{spec.n_engines}x{spec.classes_per_region}",
+        "structure": structure_name(spec),
+        **agg,
         "moved_fraction": spec.moved_fraction,
+        "load": spec.load,
         "regroup": spec.regroup,
         "dense": spec.dense,
         "n_classes": int(fleet.demand_rps.size),
         "pairs_grouped": int(fleet.groups().eligible.sum()),
-        "solver": type(lp).__name__,
+        "solver": type(getattr(lp, "inner", lp)).__name__,
         "cold": ps[0],
         "warm_median": {k: round(v, 4) for k, v in warm.items()},
         "fanout_bytes": sizes,
@@ -369,11 +484,53 @@ def run_size(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+def churn_run(spec: RunSpec, n_periods: int, seed: int) -> dict[str, Any]:
+    """Weight churn of the class rows under i.i.d. 5 % demand noise around the base demand:
+    no aggregation, by priority and across priorities, each from the same cold start and noise.
+
+    Churn is :func:`controller.weights.churn` of consecutive class × group weight rows (demand
+    weighted total variation); also the mean change of the shed fractions (demand weighted).
+    """
+    size = f"{spec.n_regions}x{spec.n_engines}x{spec.classes_per_region}"
+    out: dict[str, Any] = {
+        "size": size, "structure": structure_name(spec), "load": spec.load, "seed": seed
+    }  # fmt: skip
+    for name in ("none", "by_priority", "across"):
+        fleet = build_fleet(spec)
+        g = fleet.groups()
+        rng = np.random.default_rng(seed)
+        lp = make_lp(
+            replace(spec, aggregate=name != "none", across_priorities=name == "across"), fleet
+        )
+        d = fleet.demand_rps
+        r = lp.solve(
+            RoutingProblem.from_groups(d, g, shed_weight=fleet.shed_weight, kappa_s=KAPPA_S)
+        )
+        w, sigma = class_weights(r.x_rps, r.shed_rps, d)
+        tv, dsigma = [], []
+        for _ in range(n_periods):
+            d1 = fleet.demand_rps * rng.uniform(0.95, 1.05, d.size)
+            problem = RoutingProblem.from_groups(
+                d1, g, shed_weight=fleet.shed_weight, kappa_s=KAPPA_S
+            )
+            r = lp.solve(problem, table_anchor(r.x_rps, d, d1))
+            w1, sigma1 = class_weights(r.x_rps, r.shed_rps, d1)
+            tv.append(churn(w, w1, d1))
+            dsigma.append(float(np.abs(sigma1 - sigma) @ d1 / d1.sum()))
+            d, w, sigma = d1, w1, sigma1
+        out[name] = {
+            "churn_mean_pct": round(100 * float(np.mean(tv)), 3),
+            "churn_max_pct": round(100 * float(np.max(tv)), 3),
+            "shed_fraction_change_pct": round(100 * float(np.mean(dsigma)), 3),
+            "shed_rps": round(float(r.shed_rps.sum()), 1),
+        }
+    return out
+
+
 def profile_warm(spec: RunSpec, top: int = 15) -> None:
     """cProfile of one warm period (own time, top functions)."""
-    fleet = make_fleet(spec.n_regions, spec.n_engines, spec.classes_per_region)
-    lp: RoutingLP | SiftingLP = SiftingLP() if use_sifting(fleet.groups().eligible) else RoutingLP()
-    state = PeriodState(lp, regroup=spec.regroup, dense=spec.dense)
+    fleet = build_fleet(spec)
+    state = PeriodState(make_lp(spec, fleet), regroup=spec.regroup, dense=spec.dense)
     period(fleet, state, fleet.demand_rps)
     demand = drifted(fleet, fleet.demand_rps, spec.moved_fraction)
     fleet.health[fleet.rng.choice(spec.n_engines, DERATED, replace=False)] = 0.5
@@ -411,8 +568,31 @@ def main() -> None:
         "--no-fanout", action="store_true",
         help="skip the GET /v1/table fan-out figures (full table vs per-region blocks)",
     )  # fmt: skip
+    ap.add_argument(
+        "--structure", choices=["uniform", "models"], default="uniform",
+        help="classes per region: uniform (C alike) or models (cluster x model x priority; "
+        "C is replaced by --models x --priorities)",
+    )  # fmt: skip
+    ap.add_argument("--load", type=float, default=0.7, help="demand / capacity")
+    ap.add_argument("--models", type=int, default=10)
+    ap.add_argument("--priorities", type=int, default=5)
+    ap.add_argument("--engine-sets", type=int, default=4, help="distinct model engine sets")
+    ap.add_argument(
+        "--no-aggregate", action="store_true", help="solve every class (no class aggregation)"
+    )
+    ap.add_argument(
+        "--by-priority", action="store_true",
+        help="aggregate only classes of equal shed weight (not across priorities)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--churn", type=int, default=0, metavar="N",
+        help="instead of timing: churn over N noisy periods, none / by priority / across",
+    )  # fmt: skip
+    ap.add_argument("--seed", type=int, default=7, help="demand noise seed of --churn")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
+    if min(args.models, args.priorities, args.engine_sets) < 1:
+        raise SystemExit("--models, --priorities and --engine-sets must be >= 1")
     sizes = parse_sizes(args.sizes)
     moved = [float(v) for v in args.moved.split(",")]
     if not all(0.0 <= m <= 1.0 for m in moved) or args.periods < 1:
@@ -421,12 +601,24 @@ def main() -> None:
         for m in moved:
             spec = RunSpec(
                 *size, moved_fraction=m, warm_periods=args.periods, regroup=args.regroup,
-                dense=not args.no_dense, fanout=not args.no_fanout,
+                dense=not args.no_dense, fanout=not args.no_fanout, structure=args.structure,
+                n_models=args.models,
+                n_priorities=args.priorities, engine_sets=args.engine_sets,
+                aggregate=not args.no_aggregate, across_priorities=not args.by_priority,
+                load=args.load,
             )  # fmt: skip
-            print(json.dumps(run_size(spec)), flush=True)
+            if spec.structure == "models":
+                spec = replace(spec, classes_per_region=args.models * args.priorities)
+            result = churn_run(spec, args.churn, args.seed) if args.churn else run_size(spec)
+            print(json.dumps(result), flush=True)
     if args.profile:
-        last = RunSpec(*sizes[-1], moved_fraction=moved[-1], regroup=args.regroup)
-        profile_warm(replace(last, dense=not args.no_dense))
+        last = RunSpec(
+            *sizes[-1], moved_fraction=moved[-1], regroup=args.regroup, dense=not args.no_dense,
+            structure=args.structure, n_models=args.models, n_priorities=args.priorities,
+            engine_sets=args.engine_sets, aggregate=not args.no_aggregate,
+            across_priorities=not args.by_priority, load=args.load,
+        )  # fmt: skip
+        profile_warm(last)
 
 
 if __name__ == "__main__":

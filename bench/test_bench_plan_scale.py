@@ -6,6 +6,8 @@ still run and that a region's own table is the block of the dense rows.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from bench_plan_scale import RunSpec, periods
 
@@ -41,3 +43,21 @@ def test_plan_scale_fanout_region_blocks_are_smaller_than_the_full_table() -> No
         assert p[f"fanout_region_{fmt}_bytes_all"] < full
         assert p[f"fanout_regions_{fmt}_s"] > 0
     assert p["fanout_region_msgpack_bytes_max"] <= p["table_eligible_cols_bytes_per_region"] + 64
+
+
+def test_plan_scale_models_structure_aggregates_models_sharing_engines() -> None:
+    """cluster × model × priority classes: models of one engine set aggregate (per region
+    sets × priorities LP classes, or sets alone across priorities); without shared sets only
+    the priorities aggregate."""
+    spec = RunSpec(4, 240, 18, warm_periods=1, structure="models", n_models=6, n_priorities=3,
+                   engine_sets=3)  # fmt: skip
+    fleet, lp, ps = periods(spec)
+    assert [p["status"] for p in ps] == ["Optimal", "Optimal"] and ps[1]["warm"]
+    assert lp.classes.n_classes == 4 * 18 and lp.classes.n_groups == 4 * 3
+    _, by_priority, _ = periods(replace(spec, across_priorities=False))
+    assert by_priority.classes.n_groups == 4 * 3 * 3
+    alone = replace(spec, classes_per_region=9, n_models=3, across_priorities=False)
+    _, lp_alone, _ = periods(alone)
+    assert lp_alone.classes.n_groups == lp_alone.classes.n_classes == 4 * 9
+    _, lp_alone, _ = periods(replace(alone, across_priorities=True))
+    assert lp_alone.classes.n_groups == 4 * 3

@@ -11,6 +11,10 @@ solution ``x⁰`` as anchor::
           link   e:  Σ_g (p_ge − q_ge) − Σ_k s_ek =   − Σ_g x⁰_ge          (load_e = Σ_k s_ek)
           0 ≤ p,  0 ≤ q ≤ x⁰,  0 ≤ s_ek ≤ W_ek = (b_k − b_{k−1}) C_e h_e,  0 ≤ shed_g ≤ D_g
 
+A class aggregated over priorities (:mod:`controller.class_groups`) has several shed columns
+instead of one, ``shed_j ≤ D_j`` at ``π_j P₀`` each (``shed_segment_*``); ``shed_g`` above is then
+their sum, and ``n_G`` below in the column counts becomes the number of shed columns.
+
 Columns are ordered ``[p (n_A), q (n_A), s (n_E·K), shed (n_G)]``, rows ``[demand (n_G), link
 (n_E)]``; ``2·n_A + n_E·K + n_G`` columns, ``n_G + n_E`` rows, ``4·n_A + n_E·K + n_G`` nonzeros.
 Every p/q column has exactly two nonzeros, so the CSC arrays are built with ``np.repeat`` /
@@ -95,6 +99,11 @@ class RoutingProblem:
         ``P₀``; default ``10 · (max m + max d + 2 max κ)``.
     allow_shed : bool
         ``False`` fixes every shed variable at 0 (the LP is then infeasible above capacity).
+    shed_segment_class, shed_segment_weight, shed_segment_rps : ndarray, shape (n_shed,), optional
+        Several shed columns per class (a class aggregated over priorities,
+        :mod:`controller.class_groups`): column ``j`` sheds up to ``shed_segment_rps[j]`` of class
+        ``shed_segment_class[j]`` at ``shed_segment_weight[j] · P₀``. Default (all None): one
+        column per class, ``π_g`` up to ``D_g``; ``shed_weight`` is then ignored.
     """
 
     demand_rps: FloatArray
@@ -107,6 +116,9 @@ class RoutingProblem:
     kappa_s: float | FloatArray = 0.0
     shed_penalty_base_s: float | None = None
     allow_shed: bool = True
+    shed_segment_class: npt.NDArray[np.intp] | None = None
+    shed_segment_weight: FloatArray | None = None
+    shed_segment_rps: FloatArray | None = None
     kappa_matrix_s: FloatArray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -154,6 +166,27 @@ class RoutingProblem:
             raise ValueError("slopes_s must be non-decreasing along segments (convexify first)")
         if self.shed_penalty_base_s is not None and not self.shed_penalty_base_s > 0:
             raise ValueError("shed_penalty_base_s must be > 0")
+        self._check_shed_segments(n_g)
+
+    def _check_shed_segments(self, n_g: int) -> None:
+        seg = (self.shed_segment_class, self.shed_segment_weight, self.shed_segment_rps)
+        if all(v is None for v in seg):
+            return
+        if any(v is None for v in seg):
+            raise ValueError("shed_segment_class, _weight and _rps must be given together")
+        cls_ = np.asarray(self.shed_segment_class, dtype=np.intp)
+        weight = np.asarray(self.shed_segment_weight, dtype=np.float64)
+        rps = np.asarray(self.shed_segment_rps, dtype=np.float64)
+        if cls_.ndim != 1 or weight.shape != cls_.shape or rps.shape != cls_.shape:
+            raise ValueError("shed segments must be three 1-D arrays of one length")
+        if cls_.size and (cls_.min() < 0 or cls_.max() >= n_g):
+            raise ValueError(f"shed_segment_class must index the {n_g} classes")
+        both = np.concatenate([weight, rps])
+        if not np.all(np.isfinite(both)) or np.any(both < 0):
+            raise ValueError("shed segment weights and rates must be finite and >= 0")
+        object.__setattr__(self, "shed_segment_class", cls_)
+        object.__setattr__(self, "shed_segment_weight", weight)
+        object.__setattr__(self, "shed_segment_rps", rps)
 
     @classmethod
     def from_profiles(
@@ -238,16 +271,35 @@ class RoutingProblem:
         """``K``."""
         return int(self.slopes_s.shape[1])
 
+    def shed_penalty_base(self) -> float:
+        """``P₀`` (s per unit of shed rate): ``shed_penalty_base_s`` or its default."""
+        if self.shed_penalty_base_s is not None:
+            return float(self.shed_penalty_base_s)
+        elig = self.eligible
+        max_m = float(self.slopes_s.max(initial=0.0))
+        max_d = float(self.network_latency_s[elig].max(initial=0.0))
+        max_k = float(self.kappa_matrix_s[elig].max(initial=0.0))
+        return 10.0 * max(max_m + max_d + 2.0 * max_k, 1e-3)
+
     def shed_penalty_s(self) -> FloatArray:
         """``P_g = π_g · P₀`` (s per unit of shed rate)."""
-        p0 = self.shed_penalty_base_s
-        if p0 is None:
-            elig = self.eligible
-            max_m = float(self.slopes_s.max(initial=0.0))
-            max_d = float(self.network_latency_s[elig].max(initial=0.0))
-            max_k = float(self.kappa_matrix_s[elig].max(initial=0.0))
-            p0 = 10.0 * max(max_m + max_d + 2.0 * max_k, 1e-3)
-        return self.shed_weight * p0
+        return self.shed_weight * self.shed_penalty_base()
+
+    def shed_columns(self) -> tuple[npt.NDArray[np.int32], FloatArray, FloatArray]:
+        """The shed columns: class of each, cost (s per unit), upper bound (rate).
+
+        One per class (``P_g``, ``D_g``) unless shed segments are given; upper bounds are 0
+        without ``allow_shed``.
+        """
+        if self.shed_segment_class is None:
+            cls_ = np.arange(self.n_classes, dtype=np.int32)
+            cost, upper = self.shed_penalty_s(), self.demand_rps
+        else:
+            assert self.shed_segment_weight is not None and self.shed_segment_rps is not None
+            cls_ = self.shed_segment_class.astype(np.int32)
+            cost = self.shed_segment_weight * self.shed_penalty_base()
+            upper = self.shed_segment_rps
+        return cls_, cost, upper if self.allow_shed else np.zeros(cls_.size)
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,6 +336,12 @@ class LPArrays:
     a_index: Int32Array
     a_value: FloatArray
     vectors: LPVectors
+    shed_class: npt.NDArray[np.int32] | None = None
+
+    @property
+    def n_shed(self) -> int:
+        """Shed columns (``n_G`` unless the problem has shed segments)."""
+        return self.n_classes if self.shed_class is None else int(self.shed_class.size)
 
     @property
     def n_pairs(self) -> int:
@@ -292,8 +350,8 @@ class LPArrays:
 
     @property
     def n_cols(self) -> int:
-        """``2 n_A + n_E K + n_G``."""
-        return 2 * self.n_pairs + self.n_engines * self.n_segments + self.n_classes
+        """``2 n_A + n_E K + n_shed`` (``n_shed = n_G`` without shed segments)."""
+        return 2 * self.n_pairs + self.n_engines * self.n_segments + self.n_shed
 
     @property
     def n_rows(self) -> int:
@@ -331,10 +389,8 @@ def lp_vectors(
     d = problem.network_latency_s[g, e]
     kappa = problem.kappa_matrix_s[g, e]
     width = problem.widths_rho * problem.capacity_rps[:, None]
-    shed_upper = problem.demand_rps if problem.allow_shed else np.zeros(n_g)
-    cost = np.concatenate(
-        [d + kappa, kappa - d, problem.slopes_s.ravel(), problem.shed_penalty_s()]
-    )
+    _, shed_cost, shed_upper = problem.shed_columns()
+    cost = np.concatenate([d + kappa, kappa - d, problem.slopes_s.ravel(), shed_cost])
     upper = np.concatenate([np.full(g.size, np.inf), x0, width.ravel(), shed_upper])
     rhs = np.concatenate([problem.demand_rps - np.bincount(g, x0, n_g), -np.bincount(e, x0, n_e)])
     return LPVectors(cost=cost, upper=upper, rhs=rhs, offset=float(d @ x0), x_prev_pairs=x0)
@@ -358,6 +414,8 @@ def build_lp(problem: RoutingProblem, x_prev_rps: npt.ArrayLike | None = None) -
     g = gi.astype(np.int32)
     e = ei.astype(np.int32)
     n_a = g.size
+    shed_class = problem.shed_columns()[0]
+    n_s = shed_class.size
     idx_pq = np.empty(2 * n_a, dtype=np.int32)
     idx_pq[0::2] = g
     idx_pq[1::2] = n_g + e
@@ -366,12 +424,12 @@ def build_lp(problem: RoutingProblem, x_prev_rps: npt.ArrayLike | None = None) -
             idx_pq,
             idx_pq,
             np.repeat(n_g + np.arange(n_e, dtype=np.int32), k),
-            np.arange(n_g, dtype=np.int32),
+            shed_class,
         ]
     )
-    a_value = np.concatenate([np.ones(2 * n_a), -np.ones(2 * n_a), -np.ones(n_e * k), np.ones(n_g)])
+    a_value = np.concatenate([np.ones(2 * n_a), -np.ones(2 * n_a), -np.ones(n_e * k), np.ones(n_s)])
     nnz_col = np.concatenate(
-        [np.full(2 * n_a, 2, dtype=np.int32), np.ones(n_e * k + n_g, dtype=np.int32)]
+        [np.full(2 * n_a, 2, dtype=np.int32), np.ones(n_e * k + n_s, dtype=np.int32)]
     )
     a_start = np.zeros(nnz_col.size + 1, dtype=np.int32)
     np.cumsum(nnz_col, out=a_start[1:])
@@ -385,4 +443,5 @@ def build_lp(problem: RoutingProblem, x_prev_rps: npt.ArrayLike | None = None) -
         a_index=a_index,
         a_value=a_value,
         vectors=lp_vectors(problem, g, e, x_prev_rps),
+        shed_class=None if problem.shed_segment_class is None else shed_class,
     )

@@ -7,7 +7,10 @@ The service publishes the plan and tells the planner (:meth:`Planner.accepted`),
 anchor its next period at what is in force.
 
 * :class:`LPPlanner` (``mode = "lp"``): :class:`controller.solve.RoutingLP` (or
-  :class:`controller.sifting.SiftingLP` on big LPs) in a worker thread, warm, anchored at what the
+  :class:`controller.sifting.SiftingLP` on big LPs) over class aggregates
+  (:class:`controller.class_groups.AggregatedLP`: classes alike but for their priority solved
+  as one, each keeping its shed column)
+  in a worker thread, warm, anchored at what the
   published table sends at the new forecast (:func:`controller.weights.table_anchor`); a period
   whose LP inputs equal the last successful solve's reuses its result
   (:class:`controller.memo.SolveMemo`). Shed fractions are taken at the *live* forecast
@@ -27,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.baseline import BaselinePolicy, window_latency_s
+from controller.class_groups import AggregatedLP, group_classes
 from controller.groups import EngineGroups, regroup_rates
 from controller.health import HealthWindow
 from controller.lp import RoutingProblem
@@ -47,6 +51,7 @@ from fastroute.errors import TableError
 from fastroute.tables import FLAG_UNAVAILABLE
 
 __all__ = [
+    "AGGREGATE_ACROSS_PRIORITIES",
     "SIFTING_MIN_PAIRS",
     "LPPlanner",
     "PControllerPlanner",
@@ -65,6 +70,12 @@ FloatArray = npt.NDArray[np.float64]
 #: generation (:class:`controller.sifting.SiftingLP`) — if a class has more eligible groups
 #: than sifting's first working set takes (:func:`use_sifting`).
 SIFTING_MIN_PAIRS = 10_000
+
+#: Aggregate classes that differ only in priority too, each keeping its own shed column
+#: (:class:`controller.class_groups.AggregatedLP`): exact while shed fractions hold, the move
+#: charge bounded when they change; 5 000 → 400 LP classes in a cluster × model × priority fleet
+#: (docs/controller.md "Plan at scale").
+AGGREGATE_ACROSS_PRIORITIES = True
 
 #: One period's solve: the LP result, engine weights, shed fractions, per-engine allocation.
 PeriodSolution = tuple[SolveResult, FloatArray, FloatArray, FloatArray]
@@ -87,7 +98,7 @@ def use_sifting(eligible: npt.NDArray[np.bool_]) -> bool:
 
 
 def _solve_period(
-    lp: RoutingLP | SiftingLP,
+    lp: AggregatedLP,
     model: FleetModel,
     demand_rps: FloatArray,
     x_prev_rps: FloatArray | None,
@@ -224,13 +235,24 @@ class LPPlanner:
 
     def __init__(self, model: FleetModel, controller: ControllerConfig) -> None:
         limit_s = controller.solve_time_limit_s
-        # column generation pays off only on big LPs (ungroupable fleets); tens of groups solve
-        # in milliseconds as they are
-        self.lp: RoutingLP | SiftingLP = (
+        # the LP is solved over class aggregates (exact: controller.class_groups); column
+        # generation pays off only on big LPs (ungroupable fleets), tens of groups solve in
+        # milliseconds as they are
+        rows = RoutingProblem.from_groups(
+            model.default_rps,
+            model.groups,
+            shed_weight=model.shed_weight,
+            kappa_s=controller.kappa_s,
+        )
+        across = AGGREGATE_ACROSS_PRIORITIES
+        reps = group_classes(rows, across_priorities=across).representative
+        agg_eligible = model.groups.eligible[reps]
+        inner = (
             SiftingLP(time_limit_s=limit_s)
-            if use_sifting(model.groups.eligible)
+            if use_sifting(agg_eligible)
             else RoutingLP(time_limit_s=limit_s)
         )
+        self.lp = AggregatedLP(inner, across_priorities=across)
         self.kappa_s = controller.kappa_s
         self.shed_base_factor = controller.shed_base_factor
         #: The last successful LP solve, reused while a period's LP inputs are the same.

@@ -105,6 +105,9 @@ class SolveResult:
     link_dual_s : ndarray, shape (n_engines,), optional
         Duals of the link rows (s): with ``marginal_cost_s`` they price any pair column,
         ``reduced cost = d + κ − marginal_cost_s[g] − link_dual_s[e]`` (column generation).
+    shed_segment_rps : ndarray, shape (n_shed,), optional
+        Each shed column's value when the problem has shed segments (``shed_rps`` sums them per
+        class); None otherwise.
     """
 
     x_rps: FloatArray
@@ -118,6 +121,14 @@ class SolveResult:
     build_time_s: float
     warm: bool
     link_dual_s: FloatArray | None = None
+    shed_segment_rps: FloatArray | None = None
+
+
+def _same_shed_columns(problem: RoutingProblem, arrays: LPArrays) -> bool:
+    """Whether ``problem`` has the shed columns the model was built with."""
+    if problem.shed_segment_class is None or arrays.shed_class is None:
+        return problem.shed_segment_class is None and arrays.shed_class is None
+    return bool(np.array_equal(problem.shed_segment_class, arrays.shed_class))
 
 
 class RoutingLP:
@@ -201,7 +212,11 @@ class RoutingLP:
         ):
             return False
         gi, ei = np.nonzero(problem.eligible)
-        return np.array_equal(gi, a.class_index) and np.array_equal(ei, a.engine_index)
+        return (
+            np.array_equal(gi, a.class_index)
+            and np.array_equal(ei, a.engine_index)
+            and _same_shed_columns(problem, a)
+        )
 
     def _added_pairs(self, problem: RoutingProblem) -> tuple[Int32Array, Int32Array] | None:
         """If ``problem`` only adds pairs to the model: (new canonical pairs' positions of the
@@ -214,6 +229,8 @@ class RoutingLP:
         ):
             return None
         if int(self._highs.getInfo().basis_validity) != 1:  # kBasisValidityValid
+            return None
+        if not _same_shed_columns(problem, a):
             return None
         gi, ei = np.nonzero(problem.eligible)
         n_e = a.n_engines
@@ -244,7 +261,7 @@ class RoutingLP:
         v = lp_vectors(problem, g, e, x_prev_rps)
         n_a_old, n_a, k = a.n_pairs, g.size, new_pos.size
         n_model = self._model_cost.size
-        perm = np.empty(2 * n_a + a.n_engines * a.n_segments + a.n_classes, dtype=np.int32)
+        perm = np.empty(2 * n_a + a.n_engines * a.n_segments + a.n_shed, dtype=np.int32)
         perm[old_pos] = self._perm[:n_a_old]
         perm[new_pos] = n_model + np.arange(k, dtype=np.int32)
         perm[n_a + old_pos] = self._perm[n_a_old : 2 * n_a_old]
@@ -278,6 +295,7 @@ class RoutingLP:
             a_index=empty_i,
             a_value=np.empty(0),
             vectors=v,
+            shed_class=a.shed_class,
         )
         self._push(arrays)
 
@@ -419,7 +437,7 @@ class RoutingLP:
         row_dual = np.asarray(sol.row_dual, dtype=np.float64)
         n_a, n_g, n_e = a.n_pairs, a.n_classes, a.n_engines
         x_pairs = a.vectors.x_prev_pairs + col[:n_a] - col[n_a : 2 * n_a]
-        shed = col[a.n_cols - n_g :]
+        shed = col[a.n_cols - a.n_shed :]
         tol = self._tolerance * max(1.0, float(problem.demand_rps.max(initial=0.0)))
         for name, arr in (("x", x_pairs), ("shed", shed)):
             if not np.all(np.isfinite(arr)) or (arr.size and arr.min() < -tol):
@@ -429,6 +447,9 @@ class RoutingLP:
                 )
         x_pairs = np.maximum(x_pairs, 0.0)
         shed = np.maximum(shed, 0.0)
+        segments = None
+        if a.shed_class is not None:
+            segments, shed = shed, np.bincount(a.shed_class, shed, n_g)
         x = np.zeros((n_g, n_e))
         x[a.class_index, a.engine_index] = x_pairs
         info = self._highs.getInfo()
@@ -444,4 +465,5 @@ class RoutingLP:
             solve_time_s=solve_s,
             build_time_s=build_s,
             warm=warm,
+            shed_segment_rps=segments,
         )

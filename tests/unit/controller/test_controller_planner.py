@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from controller.health import HealthWindow
+from controller.lp import RoutingProblem
 from controller.model import FleetModel
 from controller.options import MODES, ControllerOptions
 from controller.planner import (
@@ -24,7 +25,7 @@ from controller.planner import (
     use_sifting,
 )
 from controller.service import ControllerService
-from controller.solve import SolveError
+from controller.solve import RoutingLP, SolveError
 from fastroute.config import Config, decode_config
 from fastroute.errors import TableValueError
 
@@ -202,3 +203,30 @@ def test_sifting_only_when_classes_may_use_more_than_its_first_working_set() -> 
     wide = np.ones((50, 500), dtype=bool)
     assert use_sifting(wide)
     assert not use_sifting(np.ones((10, 100), dtype=bool))  # below SIFTING_MIN_PAIRS
+
+
+def test_the_lp_planner_solves_priorities_as_one_class_and_sheds_lowest_first() -> None:
+    """One region × one model: its three priority classes are one LP class (one shed column
+    each). Over capacity (30 req/s on 18) the plan sheds batch first, as the class LP does, with
+    the same objective and shed rates."""
+    model = FleetModel.from_config(config())
+    planner = LPPlanner(model, config().controller)
+    period = run(planner.plan(inputs(model, demand_rps=10.0)))
+    assert planner.lp.classes is not None and planner.lp.classes.n_groups == 1
+    assert [c.priority for c in model.classes] == ["batch", "default", "interactive"]
+    res = period.result
+    # the class LP, built as the planner builds it (controller.planner._solve_period)
+    g = model.groups
+    slopes_max = max(float(p.slopes_s.max()) for p in g.profiles)
+    d_max = float(g.network_latency_s[g.eligible].max(initial=0.0))
+    ctl = config().controller
+    base = ctl.shed_base_factor * max(slopes_max + d_max + 2.0 * ctl.kappa_s, 1e-3)
+    problem = RoutingProblem.from_groups(
+        np.full(3, 10.0), g, shed_weight=model.shed_weight, kappa_s=ctl.kappa_s,
+        shed_penalty_base_s=base,
+    )  # fmt: skip
+    full = RoutingLP().solve(problem)
+    assert abs(full.objective - res.objective) <= 1e-6 * abs(res.objective)
+    np.testing.assert_allclose(res.shed_rps, full.shed_rps, atol=1e-6)
+    assert res.shed_rps[0] > 9.0 and res.shed_rps[2] < 1e-9  # batch shed (nearly) in full
+    np.testing.assert_allclose(period.shed_fraction, res.shed_rps / 10.0, atol=1e-9)
