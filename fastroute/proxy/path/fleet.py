@@ -25,6 +25,7 @@ policies decide over (:mod:`fastroute.proxy.path.fleet_views`) and the weight-ta
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ __all__ = ["class_key", "FleetState", "Fleet"]
 
 if TYPE_CHECKING:
     from fastroute.proxy.path.engine_load import EngineLoad
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -122,6 +125,7 @@ class Fleet:
         for model in self.models:
             for priority in PRIORITIES:
                 self.rows[(model, priority)] = len(self.rows)
+        self._warned_no_rows = False
         self.row_keys = np.array(
             [class_key(config.proxy.cluster, m, p) for (m, p) in self.rows], dtype=np.uint64
         )
@@ -213,15 +217,18 @@ class Fleet:
         cols = [(t, c) for t, c in cols if c is not None]
         table_cols = np.array([t for t, _ in cols], dtype=np.intp)
         our_cols = np.array([c for _, c in cols], dtype=np.intp)
+        matched = 0
         for row, key in enumerate(self.row_keys):
             try:
                 trow = snap.row(int(key))
             except KeyError:
                 continue  # the controller has no row for this class: capacity weights
+            matched += 1
             weights[row, :] = 0.0
             weights[row, our_cols] = snap.weights[trow, table_cols]
             shed[row] = float(snap.shed_fraction[trow])
         weights[~self._serves] = 0.0  # never route a model to an engine not serving it
+        self._say_if_no_rows(snap, matched)
         available = np.ones(self.n_engines, dtype=bool)
         available[our_cols] = snap.available().astype(bool)[table_cols]
         return self._make_state(
@@ -233,6 +240,19 @@ class Fleet:
             float(snap.retry_ratio),
             _tenant_meta(snap),
         )
+
+    def _say_if_no_rows(self, snap: TableSnapshot, matched: int) -> None:
+        """Warn once when a table with rows has none of this proxy's cluster (e.g. a table
+        another region's proxy on this host pulled under the same ``proxy.table_name``):
+        the proxy then routes on capacity weights."""
+        missing = matched == 0 and len(snap.class_keys) > 0
+        if missing and not self._warned_no_rows:
+            logger.warning(
+                "weight table generation %d has %d rows but none for cluster %r: routing on "
+                "capacity weights (a table of another region under this proxy.table_name?)",
+                snap.generation, len(snap.class_keys), self.config.proxy.cluster,
+            )  # fmt: skip
+        self._warned_no_rows = missing
 
     def apply_snapshot(self, snap: TableSnapshot) -> FleetState:
         """Adopt a new table generation (engines it flags draining or unavailable start

@@ -1,11 +1,19 @@
-"""The fleet's in-flight prompt tokens: what token-weighted policies read in the proxy."""
+"""The fleet's in-flight prompt tokens (what token-weighted policies read in the proxy) and its
+reading of weight tables."""
 
 from __future__ import annotations
 
-from fastroute.config import decode_config
+import logging
+
+import numpy as np
+import pytest
+
+from fastroute.config import PRIORITIES, decode_config
+from fastroute.hashing import class_key
 from fastroute.policy import RouteRequest
 from fastroute.policy.length_heuristic import LengthHeuristic
 from fastroute.proxy.path.fleet import Fleet
+from fastroute.tables import TableSnapshot
 
 _CONFIG = (
     "".join(
@@ -47,3 +55,28 @@ def test_length_heuristic_in_the_proxy_weighs_long_prompts_by_tokens() -> None:
     long_dec, short_dec = policy.choose(long_req, view), policy.choose(short_req, view)
     assert (long_dec.ranked[0], long_dec.reason) == (1, "long-prompt")
     assert (short_dec.ranked[0], short_dec.reason) == (0, "short-prompt")
+
+
+def test_a_table_without_this_clusters_rows_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A table of another region (two regions' proxies on one host under one table name):
+    capacity weights, and one warning naming the cluster — not one per generation."""
+    fleet = Fleet(decode_config(_CONFIG, source="test.toml"))
+    ids = fleet.engine_ids
+    other = np.array([class_key("elsewhere", "m", p) for p in PRIORITIES], dtype=np.uint64)
+    ours = fleet.row_keys
+
+    def snap(gen: int, keys: np.ndarray) -> TableSnapshot:
+        w = np.tile([1.0, 0.0], (len(keys), 1))
+        return TableSnapshot.validated(gen, ids, w, class_keys=keys)
+
+    with caplog.at_level(logging.WARNING, logger="fastroute.proxy.path.fleet"):
+        for gen in (1, 2, 3):
+            state = fleet.apply_snapshot(snap(gen, other))
+    assert [r.getMessage().count("none for cluster 'local'") for r in caplog.records] == [1]
+    assert state.weights[0].tolist() == [10.0, 10.0]  # capacity weights
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fastroute.proxy.path.fleet"):
+        state = fleet.apply_snapshot(snap(4, ours))
+        fleet.apply_snapshot(snap(5, other))
+    assert state.weights[0].tolist() == [1.0, 0.0]
+    assert len(caplog.records) == 1  # said again after a table that had its rows
