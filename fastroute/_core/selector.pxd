@@ -78,14 +78,14 @@ cdef class Selector:
     cdef int64_t _refresh(self, TreeState t, const int64_t[:] load) noexcept nogil
     cdef Py_ssize_t _tree_rank_c(self, TreeState t, uint64_t key, Py_ssize_t row,
                                  Py_ssize_t k, Py_ssize_t* out_idx, const int64_t[:] load,
-                                 double total_w, double limit, bint filtered,
-                                 Py_ssize_t cap) except -1
+                                 double total_w, double limit, int filtered,
+                                 Py_ssize_t cap, bint probe, int64_t max_load=*) except -1
     cdef Py_ssize_t _tree_rank_prefix_c(self, TreeState t, const uint64_t* keys,
                                         Py_ssize_t n_keys, Py_ssize_t row, Py_ssize_t k,
                                         const int64_t[:] load, double c, Py_ssize_t* out_idx,
                                         Py_ssize_t* used) except -1
     cdef Py_ssize_t _tree_least_loaded(self, TreeState t, uint64_t key, Py_ssize_t row,
-                                       const int64_t[:] load) noexcept nogil
+                                       const int64_t[:] load) except -2
 
 
 cdef class TreeState:

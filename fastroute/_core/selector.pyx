@@ -12,11 +12,19 @@ from fastroute._core.mix cimport engine_seed, mix64, unit_open
 import numpy as np
 
 from fastroute._core.selector_py import prepare_weights
-from fastroute._core.selector_tree import LOAD_CHUNK, MAX_DEPTH, TREE_CACHE, WALK_CAP, build_tree
+from fastroute._core.selector_tree import (
+    LEAST_WALK,
+    LOAD_CHUNK,
+    MAX_DEPTH,
+    TREE_CACHE,
+    WALK_CAP,
+    build_tree,
+)
 from fastroute._core.selector_tree import SCAN_TIES as SPEC_SCAN_TIES
 
 cdef Py_ssize_t LOAD_CHUNK_C = LOAD_CHUNK
 cdef Py_ssize_t WALK_CAP_C = WALK_CAP
+cdef Py_ssize_t LEAST_WALK_C = LEAST_WALK
 
 __all__ = ["Selector"]
 
@@ -625,10 +633,11 @@ cdef class Selector:
 
     cdef Py_ssize_t _tree_rank_c(self, TreeState t, uint64_t key, Py_ssize_t row,
                                  Py_ssize_t k, Py_ssize_t* out_idx, const int64_t[:] load,
-                                 double total_w, double limit, bint filtered,
-                                 Py_ssize_t cap) except -1:
+                                 double total_w, double limit, int filtered,
+                                 Py_ssize_t cap, bint probe, int64_t max_load=0) except -1:
         # selector_tree.rank_tree: up to k engines (within bound when filtered) of the
-        # key's tree ranking, walking at most cap positions (all when cap < 0).
+        # key's tree ranking, walking at most cap positions (all when cap < 0). probe:
+        # 0 (out_idx[0] set) if the first engine is not within bound, else unfiltered.
         cdef Py_ssize_t walk = t.m if cap < 0 or cap > t.m else cap
         cdef Py_ssize_t small_e[_SMALL_WALK]
         cdef Py_ssize_t small_path[_SMALL_WALK * _PATH_CAP]
@@ -658,7 +667,12 @@ cdef class Selector:
                     t.removed_w[path[j]] += w[a]
                     t.removed_n[path[j]] += 1
                 tries += 1
-                if not filtered or <double>load[a] * total_w <= limit * w[a]:
+                if probe and tries == 1 and not <double>load[a] * total_w <= limit * w[a]:
+                    out_idx[0] = a
+                    break
+                if (filtered == _ANY
+                        or (filtered == _WITHIN_BOUND and <double>load[a] * total_w <= limit * w[a])
+                        or (filtered == _AT_MOST and load[a] <= max_load)):
                     out_idx[m] = a
                     m += 1
             for a in range(tries):
@@ -729,25 +743,25 @@ cdef class Selector:
         cdef const double* w = &self._w[row, 0]
         cdef Py_ssize_t j, e, m
         for j in range(n_keys):
-            self._tree_rank_c(t, keys[j], row, 1, out_idx, load, 0.0, 0.0, False, -1)
-            e = out_idx[0]
-            if <double>load[e] * total_w <= limit * w[e]:
+            # Probe: the ranking stops after its first engine unless that is within bound.
+            m = self._tree_rank_c(t, keys[j], row, k, out_idx, load, total_w, limit, _ANY, -1,
+                                  True)
+            if m > 0:
                 used[0] = j
-                if k == 1:
-                    return 1
-                return self._tree_rank_c(t, keys[j], row, k, out_idx, load, 0.0, 0.0, False, -1)
+                return m
         used[0] = n_keys
-        m = self._tree_rank_c(t, keys[n_keys - 1], row, k, out_idx, load, total_w, limit, True,
-                              WALK_CAP_C)
+        m = self._tree_rank_c(t, keys[n_keys - 1], row, k, out_idx, load, total_w, limit,
+                              _WITHIN_BOUND, WALK_CAP_C, False)
         if m == 0:
-            m = self._tree_rank_c(t, keys[n_keys - 1], row, k, out_idx, load, 0.0, 0.0, False,
-                                  -1)
+            m = self._tree_rank_c(t, keys[n_keys - 1], row, k, out_idx, load, 0.0, 0.0, _ANY,
+                                  -1, False)
         return m
 
     cdef Py_ssize_t _tree_least_loaded(self, TreeState t, uint64_t key, Py_ssize_t row,
-                                       const int64_t[:] load) noexcept nogil:
-        # tree_least_loaded: least live load among the chunks' least-load engines, ties
-        # by flat rendezvous score.
+                                       const int64_t[:] load) except -2:
+        # tree_least_loaded: the first of the key's LEAST_WALK ranked engines at most as
+        # loaded as the least live load among the chunks' least-load engines, else that
+        # engine (ties by flat rendezvous score).
         if not t.scanned:
             self._refresh(t, load)
         cdef const double* inv_w = &self._inv_w[row, 0]
@@ -766,6 +780,10 @@ cdef class Selector:
                     best_i = i
                     best_load = li
                     best = s
+        cdef Py_ssize_t walked[_SMALL_WALK]
+        if best_i >= 0 and self._tree_rank_c(t, key, row, 1, walked, load, 0.0, 0.0, _AT_MOST,
+                                             LEAST_WALK_C, False, best_load) > 0:
+            return walked[0]
         return best_i
 
     def tree_size(self, Py_ssize_t row, available=None):
@@ -801,7 +819,8 @@ cdef class Selector:
         cdef const int64_t[:] no_load = _NO_LOAD
         cdef Py_ssize_t m, j
         try:
-            m = self._tree_rank_c(t, key_hash, row, k, out_idx, no_load, 0.0, 0.0, False, -1)
+            m = self._tree_rank_c(t, key_hash, row, k, out_idx, no_load, 0.0, 0.0, _ANY, -1,
+                                  False)
             return [out_idx[j] for j in range(m)]
         finally:
             free(out_idx)
@@ -861,10 +880,16 @@ cdef class Selector:
 
 
 cdef enum:
+    _ANY = 0            # _tree_rank_c's filters: none,
+    _WITHIN_BOUND = 1   # load * total_w <= limit * w,
+    _AT_MOST = 2        # load <= max_load
+
+cdef enum:
     _SMALL_WALK = 8     # rankings walking up to this many positions need no allocation
     _PATH_CAP = 17      # nodes on a path: the root and MAX_DEPTH levels
 
-if _PATH_CAP != MAX_DEPTH + 1 or SCAN_TIES != SPEC_SCAN_TIES:
+if (_PATH_CAP != MAX_DEPTH + 1 or SCAN_TIES != SPEC_SCAN_TIES
+        or LEAST_WALK_C > _SMALL_WALK):
     raise ImportError("fastroute._core.selector was built against other selector_tree limits")
 
 cdef object _NO_LOAD = np.zeros(1, dtype=np.int64)

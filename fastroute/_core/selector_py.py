@@ -34,7 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from fastroute._core.selector_tree import WALK_CAP, LoadChunks, Tree, TreeCache, rank_tree
+from fastroute._core.selector_tree import (
+    LEAST_WALK,
+    WALK_CAP,
+    LoadChunks,
+    Tree,
+    TreeCache,
+    rank_tree,
+)
 
 __all__ = ["Selector", "mix64", "engine_seed", "unit_open", "ZERO_WEIGHT_RATIO"]
 
@@ -392,8 +399,7 @@ class Selector:
             raise ValueError(f"k must be >= 1, got {k}")
         mask = self._check(key_hash, row, available)
         tree, _ = self._tree(row, mask)
-        return rank_tree(tree, key_hash, k, self._seeds, self._w[row], self._inv_w[row],
-                         self._ids)
+        return rank_tree(tree, key_hash, k, self._seeds, self._w[row], self._inv_w[row], self._ids)
 
     def _loads(self, loads: Any) -> np.ndarray:
         load = np.asarray(loads)
@@ -445,8 +451,9 @@ class Selector:
         return (ranked or rank_tree(tree, keys[-1], k, seeds, w, inv_w, ids)), len(keys)
 
     def tree_least_loaded(self, key_hash: int, row: int, loads: Any, available: Any = None) -> int:
-        """The least live load among the load chunks' least-load engines as of their last
-        read (``selector_tree``), ties by flat rendezvous score; -1 if none is eligible."""
+        """The cost spill's least-loaded engine (``selector_tree``: the least live load
+        among the load chunks' least-load engines, or an engine as light among the key's
+        first ``LEAST_WALK`` ranked ones); -1 if none is eligible."""
         mask = self._check(key_hash, row, available)
         load = self._loads(loads)
         tree, chunks = self._tree(row, mask)
@@ -466,4 +473,18 @@ class Selector:
                     or (s == best and self._ids[i] < self._ids[best_i])
                 ):
                     best_i, best_load, best = i, li, s
+        if best_i >= 0:
+            walked = rank_tree(
+                tree,
+                key_hash,
+                1,
+                self._seeds,
+                self._w[row],
+                inv_w,
+                self._ids,
+                lambda i: int(load[i]) <= best_load,
+                LEAST_WALK,
+            )
+            if walked:
+                return walked[0]
         return best_i

@@ -49,9 +49,11 @@ Load totals with bounded staleness (:class:`LoadChunks`)
     ``n <= LOAD_CHUNK`` that is every engine every call (exact); at ``n`` engines a
     chunk is at most ``ceil(n / LOAD_CHUNK) - 1`` calls old (39 at 10,000). The engine
     loads ``L_e`` that the bound compares are always read live. The least-loaded engine
-    (the cost spill's target) is the least *live* load among the chunks' least-load
-    engines as of their last read (up to :data:`SCAN_TIES` per chunk), ties by the
-    flat rendezvous score of the key.
+    (the cost spill's target): ``L*`` is the least *live* load among the chunks'
+    least-load engines as of their last read (up to :data:`SCAN_TIES` per chunk); the
+    answer is the first of the key's first :data:`LEAST_WALK` ranked engines whose live
+    load is at most ``L*`` (many ties: spread by the key), else that least engine (ties by
+    the flat rendezvous score of the key).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ import numpy as np
 
 __all__ = [
     "LEAF_CAP",
+    "LEAST_WALK",
     "LOAD_CHUNK",
     "SCAN_TIES",
     "TREE_CACHE",
@@ -96,6 +99,10 @@ TREE_CACHE = 8
 #: than ``c`` times their weight share of a total of 1), so for ``c = 2`` a position is
 #: within bound with probability >= 1/2 and 64 positions all miss with < 1e-19.
 WALK_CAP = 64
+#: Ranking positions the least-loaded choice walks for an engine at the least load: when
+#: many engines tie there (an idle part of the fleet) the key's own ranking spreads the
+#: requests over them by weight, as flat rendezvous over the ties did.
+LEAST_WALK = 8
 
 
 def _mix64(z: int) -> int:
@@ -183,8 +190,20 @@ def build_tree(seeds: list[int], w_row: list[float], eligible: list[int]) -> Tre
                 while end < stop and (keys[end] >> shift) & ((1 << FANOUT_BITS) - 1) == digit:
                     end += 1
                 child = (prefix << FANOUT_BITS) | digit
-                nodes.append([0.0, end - pos, node_seed(depth + 1, child), 0, 0, 0, pos, end,
-                              depth + 1, child])
+                nodes.append(
+                    [
+                        0.0,
+                        end - pos,
+                        node_seed(depth + 1, child),
+                        0,
+                        0,
+                        0,
+                        pos,
+                        end,
+                        depth + 1,
+                        child,
+                    ]
+                )
                 pos = end
             node[4] = len(nodes) - node[3]
         q += 1
@@ -244,14 +263,19 @@ class TreeCache:
         self._entries: dict[tuple[int, bytes | None], tuple[Tree, LoadChunks]] = {}
 
     def get(
-        self, row: int, mask: list[bool] | None, seeds: list[int], w_row: list[float],
+        self,
+        row: int,
+        mask: list[bool] | None,
+        seeds: list[int],
+        w_row: list[float],
         inv_w_row: list[float],
     ) -> tuple[Tree, LoadChunks]:
         key = (row, None if mask is None else bytes(bytearray(mask)))
         hit = self._entries.get(key)
         if hit is None:
             eligible = [
-                i for i in range(len(seeds))
+                i
+                for i in range(len(seeds))
                 if inv_w_row[i] != math.inf and (mask is None or mask[i])
             ]
             tree = build_tree(seeds, w_row, eligible)
@@ -278,7 +302,10 @@ def rank_tree(
     positions of the ranking (all when None)."""
     node_w, node_count, node_seeds = tree.node_w, tree.node_count, tree.node_seed
     node_first, node_n, node_bucket, order = (
-        tree.node_first, tree.node_n, tree.node_bucket, tree.order
+        tree.node_first,
+        tree.node_n,
+        tree.node_bucket,
+        tree.order,
     )
     removed_w: dict[int, float] = {}
     removed_n: dict[int, int] = {}
