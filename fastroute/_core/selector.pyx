@@ -759,13 +759,13 @@ cdef class Selector:
 
     cdef Py_ssize_t _tree_least_loaded(self, TreeState t, uint64_t key, Py_ssize_t row,
                                        const int64_t[:] load) except -2:
-        # tree_least_loaded: the first of the key's LEAST_WALK ranked engines at most as
-        # loaded as the least live load among the chunks' least-load engines, else that
-        # engine (ties by flat rendezvous score).
+        # tree_least_loaded: the least live load among the chunks' least-load engines
+        # (ties by flat rendezvous score), or with SCAN_TIES or more ties there the first
+        # of the key's LEAST_WALK ranked engines at most as loaded, if any.
         if not t.scanned:
             self._refresh(t, load)
         cdef const double* inv_w = &self._inv_w[row, 0]
-        cdef Py_ssize_t j, a, i, best_i = -1
+        cdef Py_ssize_t j, a, i, best_i = -1, n_at = 0
         cdef int64_t li, best_load = 0
         cdef double best = INFINITY, s
         for j in range(t.n_chunks):
@@ -774,6 +774,7 @@ cdef class Selector:
                 li = load[i]
                 if best_i >= 0 and li > best_load:
                     continue
+                n_at = 1 if best_i < 0 or li < best_load else n_at + 1
                 s = -log(unit_open(mix64(key ^ self._seeds[i]))) * inv_w[i]
                 if (best_i < 0 or li < best_load or s < best
                         or (s == best and self._ids[i] < self._ids[best_i])):
@@ -781,7 +782,7 @@ cdef class Selector:
                     best_load = li
                     best = s
         cdef Py_ssize_t walked[_SMALL_WALK]
-        if best_i >= 0 and self._tree_rank_c(t, key, row, 1, walked, load, 0.0, 0.0, _AT_MOST,
+        if n_at >= SCAN_TIES and self._tree_rank_c(t, key, row, 1, walked, load, 0.0, 0.0, _AT_MOST,
                                              LEAST_WALK_C, False, best_load) > 0:
             return walked[0]
         return best_i

@@ -36,6 +36,7 @@ import numpy as np
 
 from fastroute._core.selector_tree import (
     LEAST_WALK,
+    SCAN_TIES,
     WALK_CAP,
     LoadChunks,
     Tree,
@@ -452,19 +453,21 @@ class Selector:
 
     def tree_least_loaded(self, key_hash: int, row: int, loads: Any, available: Any = None) -> int:
         """The cost spill's least-loaded engine (``selector_tree``: the least live load
-        among the load chunks' least-load engines, or an engine as light among the key's
-        first ``LEAST_WALK`` ranked ones); -1 if none is eligible."""
+        among the load chunks' least-load engines, or, when at least ``SCAN_TIES`` of them
+        tie there, an engine as light among the key's first ``LEAST_WALK`` ranked ones);
+        -1 if none is eligible."""
         mask = self._check(key_hash, row, available)
         load = self._loads(loads)
         tree, chunks = self._tree(row, mask)
         if not chunks.scanned:
             chunks.refresh(load)
-        inv_w, best_i, best_load, best = self._inv_w[row], -1, 0, math.inf
+        inv_w, best_i, best_load, best, n_at = self._inv_w[row], -1, 0, math.inf, 0
         for ties in chunks.ties:
             for i in ties:
                 li = int(load[i])
                 if best_i >= 0 and li > best_load:
                     continue
+                n_at = 1 if best_i < 0 or li < best_load else n_at + 1
                 s = -math.log(unit_open(mix64(key_hash ^ self._seeds[i]))) * inv_w[i]
                 if (
                     best_i < 0
@@ -473,7 +476,7 @@ class Selector:
                     or (s == best and self._ids[i] < self._ids[best_i])
                 ):
                     best_i, best_load, best = i, li, s
-        if best_i >= 0:
+        if n_at >= SCAN_TIES:  # many ties, perhaps more than the chunks kept: walk
             walked = rank_tree(
                 tree,
                 key_hash,

@@ -50,10 +50,12 @@ Load totals with bounded staleness (:class:`LoadChunks`)
     chunk is at most ``ceil(n / LOAD_CHUNK) - 1`` calls old (39 at 10,000). The engine
     loads ``L_e`` that the bound compares are always read live. The least-loaded engine
     (the cost spill's target): ``L*`` is the least *live* load among the chunks'
-    least-load engines as of their last read (up to :data:`SCAN_TIES` per chunk); the
-    answer is the first of the key's first :data:`LEAST_WALK` ranked engines whose live
-    load is at most ``L*`` (many ties: spread by the key), else that least engine (ties by
-    the flat rendezvous score of the key).
+    least-load engines as of their last read (up to :data:`SCAN_TIES` per chunk), and the
+    answer is the one of them at ``L*`` of least flat rendezvous score for the key; but
+    when at least :data:`SCAN_TIES` of them are at ``L*`` (perhaps more ties than the
+    chunks kept: an idle part of the fleet), the first of the key's first
+    :data:`LEAST_WALK` ranked engines whose live load is at most ``L*``, if any, so that
+    such requests spread over all the ties by weight.
 """
 
 from __future__ import annotations

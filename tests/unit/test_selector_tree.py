@@ -192,3 +192,16 @@ def test_compiled_tree_matches_the_spec() -> None:
             assert py.tree_least_loaded(key, row, loads, mask) == cy.tree_least_loaded(
                 key, row, loads, mask
             )
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_many_ties_at_the_least_load_are_spread_by_key(impl) -> None:
+    """An idle half of the fleet: the chunks keep SCAN_TIES ties each, and the key's own
+    ranking spreads the least-loaded choices over all the idle engines, not the kept few."""
+    n = 2 * LOAD_CHUNK
+    sel = impl(list(range(1, n + 1)), np.ones((1, n)))
+    loads = np.full(n, 500, dtype=np.int64)
+    loads[::2] = 0
+    chosen = {sel.tree_least_loaded(key, 0, loads) for key in range(300)}
+    assert all(loads[i] == 0 for i in chosen)
+    assert len(chosen) > 100  # 2 chunks x SCAN_TIES = 16 without the walk
