@@ -33,7 +33,6 @@ cdef class Selector:
     cdef const uint64_t[::1] _seeds     # engine_seed(engine_id)
     cdef const uint64_t[::1] _ids
     cdef dict _trees                    # (row, mask bytes or None) -> TreeState
-    cdef object _seeds_list
     cdef TreeState _last_tree           # the last tree found, for the identity fast path
     cdef Py_ssize_t _last_row
 

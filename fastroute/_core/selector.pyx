@@ -4,7 +4,7 @@
 cimport cython
 from libc.math cimport INFINITY, log
 from libc.stdint cimport int64_t, uint8_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free, malloc, qsort
 from libc.string cimport memcmp, memcpy, memset
 
 from fastroute._core.mix cimport engine_seed, mix64, unit_open
@@ -13,18 +13,26 @@ import numpy as np
 
 from fastroute._core.selector_py import prepare_weights
 from fastroute._core.selector_tree import (
+    FANOUT_BITS,
+    LEAF_CAP,
     LEAST_WALK,
     LOAD_CHUNK,
     MAX_DEPTH,
+    NODE_SALT,
     TREE_CACHE,
+    TREE_SALT,
     WALK_CAP,
-    build_tree,
+    Tree,
 )
 from fastroute._core.selector_tree import SCAN_TIES as SPEC_SCAN_TIES
 
 cdef Py_ssize_t LOAD_CHUNK_C = LOAD_CHUNK
 cdef Py_ssize_t WALK_CAP_C = WALK_CAP
 cdef Py_ssize_t LEAST_WALK_C = LEAST_WALK
+cdef Py_ssize_t LEAF_CAP_C = LEAF_CAP
+cdef Py_ssize_t MAX_DEPTH_C = MAX_DEPTH
+cdef uint64_t TREE_SALT_C = TREE_SALT
+cdef uint64_t NODE_SALT_C = NODE_SALT
 
 __all__ = ["Selector"]
 
@@ -599,12 +607,7 @@ cdef class Selector:
             self._trees = {}
         cdef TreeState t = self._trees.get(key)
         if t is None:
-            eligible = [i for i in range(n)
-                        if self._inv_w[row, i] != INFINITY and (mask == NULL or mask[i] != 0)]
-            if self._seeds_list is None:
-                self._seeds_list = np.asarray(self._seeds).tolist()
-            t = TreeState(build_tree(self._seeds_list, self._weights[row].tolist(), eligible),
-                          n, mask != NULL)
+            t = TreeState(_build_tree(self, row, mask), n, mask != NULL)
             if len(self._trees) >= TREE_CACHE:
                 self._trees.clear()
             self._trees[key] = t
@@ -890,7 +893,7 @@ cdef enum:
     _PATH_CAP = 17      # nodes on a path: the root and MAX_DEPTH levels
 
 if (_PATH_CAP != MAX_DEPTH + 1 or SCAN_TIES != SPEC_SCAN_TIES
-        or LEAST_WALK_C > _SMALL_WALK):
+        or LEAST_WALK_C > _SMALL_WALK or FANOUT_BITS != 4):
     raise ImportError("fastroute._core.selector was built against other selector_tree limits")
 
 cdef object _NO_LOAD = np.zeros(1, dtype=np.int64)
@@ -958,3 +961,79 @@ cdef class TreeState:
         free(self.chunk_ties)
         free(self.chunk_n_ties)
         free(self.mask_copy)
+
+
+cdef struct _PathIdx:
+    uint64_t path
+    Py_ssize_t idx
+
+
+cdef int _compare_paths(const void* a, const void* b) noexcept nogil:
+    cdef uint64_t x = (<const _PathIdx*>a).path, y = (<const _PathIdx*>b).path
+    return (x > y) - (x < y)
+
+
+cdef object _build_tree(Selector sel, Py_ssize_t row, const uint8_t* mask):
+    # selector_tree.build_tree, the same tree bit for bit (tests/unit/test_selector_tree.py),
+    # with the per-engine work in C: the trie is rebuilt whenever a row's mask changes.
+    cdef Py_ssize_t n = sel.n_engines, i, m = 0, q, pos, end, start, stop, depth, c
+    cdef const double* w = &sel._w[row, 0] if n else NULL
+    cdef const double* inv_w = &sel._inv_w[row, 0] if n else NULL
+    cdef uint64_t prefix, digit, child
+    cdef int shift
+    cdef double total
+    cdef _PathIdx* pairs = <_PathIdx*>malloc(max(n, 1) * sizeof(_PathIdx))
+    if pairs == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            if inv_w[i] != INFINITY and (mask == NULL or mask[i] != 0):
+                pairs[m].path = mix64(sel._seeds[i] ^ TREE_SALT_C)
+                pairs[m].idx = i
+                m += 1
+        qsort(pairs, m, sizeof(_PathIdx), _compare_paths)
+        order = np.empty(m, dtype=np.int64)
+        for i in range(m):
+            order[i] = pairs[i].idx
+        # Per node: [W, count, seed, first, n, bucket] and its [start, stop, depth, prefix].
+        nodes = []
+        spans = []
+        if m:
+            nodes.append([0.0, m, 0, 0, 0, 0])
+            spans.append((0, m, 0, 0))
+        q = 0
+        while q < len(nodes):
+            start, stop, depth, prefix = spans[q]
+            node = nodes[q]
+            if stop - start <= LEAF_CAP_C or depth == MAX_DEPTH_C:
+                total = 0.0
+                for pos in range(start, stop):
+                    total += w[pairs[pos].idx]
+                node[0], node[3], node[4], node[5] = total, start, stop - start, 1
+            else:
+                shift = 64 - 4 * (depth + 1)
+                node[3] = len(nodes)
+                pos = start
+                while pos < stop:
+                    digit = (pairs[pos].path >> shift) & 15
+                    end = pos
+                    while end < stop and ((pairs[end].path >> shift) & 15) == digit:
+                        end += 1
+                    child = (prefix << 4) | digit
+                    nodes.append([0.0, end - pos,
+                                  mix64(child ^ mix64(<uint64_t>(depth + 1) ^ NODE_SALT_C)),
+                                  0, 0, 0])
+                    spans.append((pos, end, depth + 1, child))
+                    pos = end
+                node[4] = len(nodes) - node[3]
+            q += 1
+        for q in range(len(nodes) - 1, -1, -1):
+            node = nodes[q]
+            if not node[5]:
+                total = 0.0
+                for c in range(node[3], node[3] + node[4]):
+                    total += <double>nodes[c][0]
+                node[0] = total
+        return Tree.from_arrays(order, nodes)
+    finally:
+        free(pairs)
