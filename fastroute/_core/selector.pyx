@@ -660,29 +660,29 @@ cdef class Selector:
         cdef const double* w = &self._w[row, 0]
         cdef Py_ssize_t m = 0, tries = 0, a, j
         cdef Py_ssize_t* path
-        with nogil:
-            while tries < walk and m < k:
-                path = &rec_path[tries * _PATH_CAP]
-                rec_e[tries] = self._descend(t, key, row, path, &rec_depth[tries])
-                a = rec_e[tries]
-                t.removed_e[a] = 1
-                for j in range(rec_depth[tries] + 1):
-                    t.removed_w[path[j]] += w[a]
-                    t.removed_n[path[j]] += 1
-                tries += 1
-                if probe and tries == 1 and not <double>load[a] * total_w <= limit * w[a]:
-                    out_idx[0] = a
-                    break
-                if (filtered == _ANY
-                        or (filtered == _WITHIN_BOUND and <double>load[a] * total_w <= limit * w[a])
-                        or (filtered == _AT_MOST and load[a] <= max_load)):
-                    out_idx[m] = a
-                    m += 1
-            for a in range(tries):
-                t.removed_e[rec_e[a]] = 0
-                for j in range(rec_depth[a] + 1):
-                    t.removed_w[rec_path[a * _PATH_CAP + j]] = 0.0
-                    t.removed_n[rec_path[a * _PATH_CAP + j]] = 0
+        # The GIL stays held: the ranking writes the tree's scratch (removed weights).
+        while tries < walk and m < k:
+            path = &rec_path[tries * _PATH_CAP]
+            rec_e[tries] = self._descend(t, key, row, path, &rec_depth[tries])
+            a = rec_e[tries]
+            t.removed_e[a] = 1
+            for j in range(rec_depth[tries] + 1):
+                t.removed_w[path[j]] += w[a]
+                t.removed_n[path[j]] += 1
+            tries += 1
+            if probe and tries == 1 and not <double>load[a] * total_w <= limit * w[a]:
+                out_idx[0] = a
+                break
+            if (filtered == _ANY
+                    or (filtered == _WITHIN_BOUND and <double>load[a] * total_w <= limit * w[a])
+                    or (filtered == _AT_MOST and load[a] <= max_load)):
+                out_idx[m] = a
+                m += 1
+        for a in range(tries):
+            t.removed_e[rec_e[a]] = 0
+            for j in range(rec_depth[a] + 1):
+                t.removed_w[rec_path[a * _PATH_CAP + j]] = 0.0
+                t.removed_n[rec_path[a * _PATH_CAP + j]] = 0
         if walk > _SMALL_WALK:
             free(rec_e)
             free(rec_path)
