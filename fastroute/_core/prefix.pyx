@@ -11,7 +11,7 @@ from libc.stdlib cimport calloc, free, malloc, qsort
 from libc.string cimport memcpy
 
 from fastroute._core.mix cimport mix64
-from fastroute._core.selector cimport LoadScan, Selector, _as_loads, _as_mask
+from fastroute._core.selector cimport Selector, TreeState, _as_loads, _as_mask
 
 import xxhash
 
@@ -335,42 +335,35 @@ cdef class PrefixPicker:
         cdef RequestKeys* keys = &self._last
         self._last_request = None  # until the keys below are complete
         self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, keys)
-        cdef Py_ssize_t n = selector.n_engines, i, n_eligible = 0
+        cdef Py_ssize_t n = selector.n_engines, i
         cdef const uint8_t[::1] mask
         cdef const uint8_t* mask_ptr = NULL
         if available is not None:
             mask = _as_mask(available, n)
             if n:
                 mask_ptr = &mask[0]
-                for i in range(n):
-                    n_eligible += mask_ptr[i] != 0
         cdef const int64_t[:] load = _as_loads(loads, n)
+        cdef TreeState tree = selector._tree_for(row, available, mask_ptr)
         cdef Py_ssize_t chosen[_CANDIDATES_CAP]
         cdef uint64_t candidate_keys[_CANDIDATES_CAP]
-        cdef Py_ssize_t n_chosen = self._candidates(keys, n_eligible, chosen)
+        cdef Py_ssize_t n_chosen = self._candidates(keys, tree.m, chosen)
         self._last_request = request
         for i in range(n_chosen):
             candidate_keys[i] = keys.hashes[chosen[i]]
-        if k > n:
-            k = n
+        if k > tree.m:
+            k = tree.m
         if k == 0:
             return [], "", -1
         cdef Py_ssize_t small_idx[_SMALL_K]
-        cdef double small_score[_SMALL_K]
         cdef Py_ssize_t* out_idx = small_idx
-        cdef double* out_score = small_score
         if k > _SMALL_K:
             out_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
-            out_score = <double*>malloc(k * sizeof(double))
-            if out_idx == NULL or out_score == NULL:
-                free(out_idx)
-                free(out_score)
+            if out_idx == NULL:
                 raise MemoryError()
         cdef Py_ssize_t m, used, least
-        cdef LoadScan scan
         try:
-            m = selector._rank_prefix_c(candidate_keys, n_chosen, row, k, mask_ptr, load,
-                                        self.balance_factor, out_idx, out_score, &used, &scan)
+            m = selector._tree_rank_prefix_c(tree, candidate_keys, n_chosen, row, k, load,
+                                             self.balance_factor, out_idx, &used)
             if m == 0:
                 return [], "", -1
             ranked = [out_idx[i] for i in range(m)]
@@ -383,8 +376,8 @@ cdef class PrefixPicker:
             key_depth = request.key_depth_bytes
             if depth == 0 and key_depth == 0:
                 return ranked, reason, depth  # the client's session: never cost-spilled
-            least = self._cheaper_elsewhere(selector, keys, depth, out_idx[0], request.row,
-                                            request.prompt_tokens, mask_ptr, load, &scan)
+            least = self._cheaper_elsewhere(selector, tree, keys, depth, out_idx[0], row,
+                                            request.prompt_tokens, load)
             if least < 0:
                 return ranked, reason, depth
             spilled = [least]
@@ -395,13 +388,12 @@ cdef class PrefixPicker:
         finally:
             if k > _SMALL_K:
                 free(out_idx)
-                free(out_score)
 
-    cdef Py_ssize_t _cheaper_elsewhere(self, Selector selector, const RequestKeys* keys,
-                                       int64_t depth, Py_ssize_t home, Py_ssize_t row,
-                                       double prompt_tokens, const uint8_t* mask,
-                                       const int64_t[:] load, const LoadScan* scan):
-        # The spec's _cheaper_elsewhere, on the pass rank_prefix already made.
+    cdef Py_ssize_t _cheaper_elsewhere(self, Selector selector, TreeState tree,
+                                       const RequestKeys* keys, int64_t depth,
+                                       Py_ssize_t home, Py_ssize_t row, double prompt_tokens,
+                                       const int64_t[:] load):
+        # The spec's _cheaper_elsewhere, on the tree's load chunks.
         cdef int64_t seen = depth, home_load
         cdef Py_ssize_t j, least
         for j in range(keys.n_keys - 1, -1, -1):
@@ -416,7 +408,7 @@ cdef class PrefixPicker:
         home_load = load[home]
         if <double>home_load <= saving_tokens:
             return -1
-        least = selector._least_loaded(keys.hashes[keys.n_keys - 1], row, mask, load, scan)
+        least = selector._tree_least_loaded(tree, keys.hashes[keys.n_keys - 1], row, load)
         if least < 0 or least == home or <double>(home_load - load[least]) <= saving_tokens:
             return -1
         return least

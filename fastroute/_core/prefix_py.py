@@ -243,9 +243,9 @@ class PrefixPicker:
             cost spill).
         """
         keys = self.keys(request.prefix, request.key_hash, request.key_depth_bytes)
-        candidates, upto = self._candidates(keys, mask)
+        candidates, upto = self._candidates(keys, selector.tree_size(request.row, mask))
         self._last = (request, [h for _, h in keys], upto)
-        ranked, used = selector.rank_prefix(
+        ranked, used = selector.tree_rank_prefix(
             [h for _, h in candidates], request.row, k, loads, self.balance_factor, mask
         )
         if not ranked:
@@ -294,18 +294,18 @@ class PrefixPicker:
         home_load = int(loads[home])
         if home_load <= saving_tokens:
             return -1  # no engine can be lighter by more than the saving
-        least = selector.least_loaded(keys[-1][1], request.row, loads, mask)
+        least = selector.tree_least_loaded(keys[-1][1], request.row, loads, mask)
         if least < 0 or least == home or home_load - int(loads[least]) <= saving_tokens:
             return -1
         return least
 
     def _candidates(
-        self, keys: list[tuple[int, int]], mask: np.ndarray
+        self, keys: list[tuple[int, int]], n_eligible: int
     ) -> tuple[list[tuple[int, int]], int]:
         """The keys to try, in order (those of groups that are not hot, else the deepest),
-        and how many of ``keys`` ``on_routed`` observes."""
+        and how many of ``keys`` ``on_routed`` observes (``n_eligible``: the row's
+        eligible engines)."""
         hot = self.hot
-        n_eligible = int(np.count_nonzero(mask))
         deepest, order = keys[-1], keys[::-1] if self.deep else keys
         # Too few observations to tell a share from noise: nothing is hot yet.
         if n_eligible > 1 and hot.requests >= 2 * n_eligible:

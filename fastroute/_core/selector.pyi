@@ -42,3 +42,21 @@ class Selector:
         self, key_hash: int, row: int, loads: npt.ArrayLike, available: Any = None
     ) -> int:
         """The eligible engine of ``row`` with the smallest load; ties by rendezvous order."""
+    def tree_size(self, row: int, available: Any = None) -> int:
+        """How many engines of ``row`` are eligible (weight > 0, not masked out)."""
+    def tree_rank(self, key_hash: int, row: int, k: int, available: Any = None) -> list[int]:
+        """Up to ``k`` engine indices in hierarchical rendezvous order (``selector_tree``)."""
+    def tree_rank_prefix(
+        self,
+        key_hashes: Sequence[int],
+        row: int,
+        k: int,
+        loads: npt.ArrayLike,
+        balance_factor: float,
+        available: Any = None,
+    ) -> tuple[list[int], int]:
+        """``rank_prefix`` on the tree ranking, with bounded-staleness load totals."""
+    def tree_least_loaded(
+        self, key_hash: int, row: int, loads: npt.ArrayLike, available: Any = None
+    ) -> int:
+        """The cost spill's least-loaded engine from the tree's load chunks."""

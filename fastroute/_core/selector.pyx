@@ -4,14 +4,35 @@
 cimport cython
 from libc.math cimport INFINITY, log
 from libc.stdint cimport int64_t, uint8_t, uint64_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memset
+from libc.stdlib cimport calloc, free, malloc, qsort
+from libc.string cimport memcmp, memcpy, memset
 
 from fastroute._core.mix cimport engine_seed, mix64, unit_open
 
 import numpy as np
 
 from fastroute._core.selector_py import prepare_weights
+from fastroute._core.selector_tree import (
+    FANOUT_BITS,
+    LEAF_CAP,
+    LEAST_WALK,
+    LOAD_CHUNK,
+    MAX_DEPTH,
+    NODE_SALT,
+    TREE_CACHE,
+    TREE_SALT,
+    WALK_CAP,
+    Tree,
+)
+from fastroute._core.selector_tree import SCAN_TIES as SPEC_SCAN_TIES
+
+cdef Py_ssize_t LOAD_CHUNK_C = LOAD_CHUNK
+cdef Py_ssize_t WALK_CAP_C = WALK_CAP
+cdef Py_ssize_t LEAST_WALK_C = LEAST_WALK
+cdef Py_ssize_t LEAF_CAP_C = LEAF_CAP
+cdef Py_ssize_t MAX_DEPTH_C = MAX_DEPTH
+cdef uint64_t TREE_SALT_C = TREE_SALT
+cdef uint64_t NODE_SALT_C = NODE_SALT
 
 __all__ = ["Selector"]
 
@@ -555,3 +576,464 @@ cdef class Selector:
         cdef LoadScan scan
         self._scan_rank(0, row, mask_ptr, load, 0, NULL, NULL, &scan)
         return self._least_loaded(key_hash, row, mask_ptr, load, &scan)
+
+    # -- hierarchical rendezvous (spec: selector_tree.py) ------------------------------
+
+    cdef TreeState _tree_for(self, Py_ssize_t row, object available, const uint8_t* mask):
+        # The tree of (row, mask contents): the last one found when the mask is the
+        # same object with the same bytes (one memcmp), else by the contents.
+        cdef TreeState t = self._last_tree
+        if t is not None and row == self._last_row and available is t.mask_obj:
+            if mask == NULL and t.mask_copy == NULL:
+                return t
+            if (mask != NULL and t.mask_copy != NULL
+                    and memcmp(mask, t.mask_copy, self.n_engines) == 0):
+                return t
+        return self._tree_slow(row, available, mask)
+
+    cdef TreeState _tree_slow(self, Py_ssize_t row, object available, const uint8_t* mask):
+        cdef Py_ssize_t n = self.n_engines, i
+        cdef bytearray contents
+        cdef unsigned char* p
+        if mask == NULL:
+            key = (row, None)
+        else:
+            contents = bytearray(n)
+            p = contents
+            for i in range(n):
+                p[i] = mask[i] != 0
+            key = (row, bytes(contents))
+        if self._trees is None:
+            self._trees = {}
+        cdef TreeState t = self._trees.get(key)
+        if t is None:
+            t = TreeState(_build_tree(self, row, mask), n, mask != NULL)
+            if len(self._trees) >= TREE_CACHE:
+                self._trees.clear()
+            self._trees[key] = t
+        if mask != NULL:
+            memcpy(t.mask_copy, mask, n)
+        t.mask_obj = available
+        self._last_tree = t
+        self._last_row = row
+        return t
+
+    cdef int64_t _refresh(self, TreeState t, const int64_t[:] load) noexcept nogil:
+        # LoadChunks.refresh: one chunk re-read (every chunk on the tree's first call);
+        # the total of the chunks' sums.
+        cdef Py_ssize_t j
+        cdef int64_t total = 0
+        if not t.scanned:
+            for j in range(t.n_chunks):
+                _scan_chunk(t, j, load)
+            t.scanned = True
+        elif t.n_chunks:
+            _scan_chunk(t, t.cursor, load)
+            t.cursor = (t.cursor + 1) % t.n_chunks
+        for j in range(t.n_chunks):
+            total += t.chunk_sum[j]
+        return total
+
+    cdef Py_ssize_t _tree_rank_c(self, TreeState t, uint64_t key, Py_ssize_t row,
+                                 Py_ssize_t k, Py_ssize_t* out_idx, const int64_t[:] load,
+                                 double total_w, double limit, int filtered,
+                                 Py_ssize_t cap, bint probe, int64_t max_load=0) except -1:
+        # selector_tree.rank_tree: up to k engines (within bound when filtered) of the
+        # key's tree ranking, walking at most cap positions (all when cap < 0). probe:
+        # 0 (out_idx[0] set) if the first engine is not within bound, else unfiltered.
+        cdef Py_ssize_t walk = t.m if cap < 0 or cap > t.m else cap
+        cdef Py_ssize_t small_e[_SMALL_WALK]
+        cdef Py_ssize_t small_path[_SMALL_WALK * _PATH_CAP]
+        cdef Py_ssize_t small_depth[_SMALL_WALK]
+        cdef Py_ssize_t* rec_e = small_e
+        cdef Py_ssize_t* rec_path = small_path
+        cdef Py_ssize_t* rec_depth = small_depth
+        if walk > _SMALL_WALK:
+            rec_e = <Py_ssize_t*>malloc(walk * sizeof(Py_ssize_t))
+            rec_path = <Py_ssize_t*>malloc(walk * _PATH_CAP * sizeof(Py_ssize_t))
+            rec_depth = <Py_ssize_t*>malloc(walk * sizeof(Py_ssize_t))
+            if rec_e == NULL or rec_path == NULL or rec_depth == NULL:
+                free(rec_e)
+                free(rec_path)
+                free(rec_depth)
+                raise MemoryError()
+        cdef const double* w = &self._w[row, 0]
+        cdef Py_ssize_t m = 0, tries = 0, a, j
+        cdef Py_ssize_t* path
+        # The GIL stays held: the ranking writes the tree's scratch (removed weights).
+        while tries < walk and m < k:
+            path = &rec_path[tries * _PATH_CAP]
+            rec_e[tries] = self._descend(t, key, row, path, &rec_depth[tries])
+            a = rec_e[tries]
+            t.removed_e[a] = 1
+            for j in range(rec_depth[tries] + 1):
+                t.removed_w[path[j]] += w[a]
+                t.removed_n[path[j]] += 1
+            tries += 1
+            if probe and tries == 1 and not <double>load[a] * total_w <= limit * w[a]:
+                out_idx[0] = a
+                break
+            if (filtered == _ANY
+                    or (filtered == _WITHIN_BOUND and <double>load[a] * total_w <= limit * w[a])
+                    or (filtered == _AT_MOST and load[a] <= max_load)):
+                out_idx[m] = a
+                m += 1
+        for a in range(tries):
+            t.removed_e[rec_e[a]] = 0
+            for j in range(rec_depth[a] + 1):
+                t.removed_w[rec_path[a * _PATH_CAP + j]] = 0.0
+                t.removed_n[rec_path[a * _PATH_CAP + j]] = 0
+        if walk > _SMALL_WALK:
+            free(rec_e)
+            free(rec_path)
+            free(rec_depth)
+        return m
+
+    cdef Py_ssize_t _descend(self, TreeState t, uint64_t key, Py_ssize_t row,
+                                    Py_ssize_t* path, Py_ssize_t* depth_out) noexcept nogil:
+        # One descent past the removed engines; the engine, its nodes in path[0..depth].
+        cdef Py_ssize_t q = 0, depth = 0, c, c_end, best_c, pos, i, best_i = -1
+        cdef double best, wc, u, s, iw
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        path[0] = 0
+        while not t.node_bucket[q]:
+            best = INFINITY
+            best_c = -1
+            c_end = t.node_first[q] + t.node_n[q]
+            for c in range(t.node_first[q], c_end):
+                if t.node_count[c] - t.removed_n[c] == 0:
+                    continue
+                wc = t.node_w[c] - t.removed_w[c]
+                if not wc > 0.0:
+                    wc = 5e-324
+                u = unit_open(mix64(key ^ t.node_seed[c]))
+                if (1.0 - u) / wc > best:
+                    continue  # -ln u >= 1 - u: this child cannot win
+                s = -log(u) / wc
+                if best_c < 0 or s < best or (s == best and t.node_seed[c] < t.node_seed[best_c]):
+                    best = s
+                    best_c = c
+            q = best_c
+            depth += 1
+            path[depth] = q
+        best = INFINITY
+        for pos in range(t.node_first[q], t.node_first[q] + t.node_n[q]):
+            i = t.order[pos]
+            if t.removed_e[i]:
+                continue
+            u = unit_open(mix64(key ^ self._seeds[i]))
+            iw = inv_w[i]
+            if (1.0 - u) * iw > best:
+                continue
+            s = -log(u) * iw
+            if best_i < 0 or _before(s, self._ids[i], best, self._ids[best_i]):
+                best = s
+                best_i = i
+        depth_out[0] = depth
+        return best_i
+
+    cdef Py_ssize_t _tree_rank_prefix_c(self, TreeState t, const uint64_t* keys,
+                                        Py_ssize_t n_keys, Py_ssize_t row, Py_ssize_t k,
+                                        const int64_t[:] load, double c, Py_ssize_t* out_idx,
+                                        Py_ssize_t* used) except -1:
+        # tree_rank_prefix for k >= 1, n_keys >= 1: the ranking's length, the deciding
+        # key in used[0] (-1 when nothing is eligible).
+        used[0] = -1
+        if t.m == 0:
+            return 0
+        cdef int64_t total_load = self._refresh(t, load)
+        cdef double total_w = t.total_w, limit = c * <double>total_load
+        cdef const double* w = &self._w[row, 0]
+        cdef Py_ssize_t j, e, m
+        for j in range(n_keys):
+            # Probe: the ranking stops after its first engine unless that is within bound.
+            m = self._tree_rank_c(t, keys[j], row, k, out_idx, load, total_w, limit, _ANY, -1,
+                                  True)
+            if m > 0:
+                used[0] = j
+                return m
+        used[0] = n_keys
+        m = self._tree_rank_c(t, keys[n_keys - 1], row, k, out_idx, load, total_w, limit,
+                              _WITHIN_BOUND, WALK_CAP_C, False)
+        if m == 0:
+            m = self._tree_rank_c(t, keys[n_keys - 1], row, k, out_idx, load, 0.0, 0.0, _ANY,
+                                  -1, False)
+        return m
+
+    cdef Py_ssize_t _tree_least_loaded(self, TreeState t, uint64_t key, Py_ssize_t row,
+                                       const int64_t[:] load) except -2:
+        # tree_least_loaded: the least live load among the chunks' least-load engines
+        # (ties by flat rendezvous score), or with SCAN_TIES or more ties there the first
+        # of the key's LEAST_WALK ranked engines at most as loaded, if any.
+        if not t.scanned:
+            self._refresh(t, load)
+        cdef const double* inv_w = &self._inv_w[row, 0]
+        cdef Py_ssize_t j, a, i, best_i = -1, n_at = 0
+        cdef int64_t li, best_load = 0
+        cdef double best = INFINITY, s
+        for j in range(t.n_chunks):
+            for a in range(t.chunk_n_ties[j]):
+                i = t.chunk_ties[j * SCAN_TIES + a]
+                li = load[i]
+                if best_i >= 0 and li > best_load:
+                    continue
+                n_at = 1 if best_i < 0 or li < best_load else n_at + 1
+                s = -log(unit_open(mix64(key ^ self._seeds[i]))) * inv_w[i]
+                if (best_i < 0 or li < best_load or s < best
+                        or (s == best and self._ids[i] < self._ids[best_i])):
+                    best_i = i
+                    best_load = li
+                    best = s
+        cdef Py_ssize_t walked[_SMALL_WALK]
+        if n_at >= SCAN_TIES and self._tree_rank_c(t, key, row, 1, walked, load, 0.0, 0.0, _AT_MOST,
+                                             LEAST_WALK_C, False, best_load) > 0:
+            return walked[0]
+        return best_i
+
+    def tree_size(self, Py_ssize_t row, available=None):
+        """How many engines of ``row`` are eligible (weight > 0, not masked out)."""
+        self._check_row(row)
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        if available is not None:
+            mask = _as_mask(available, self.n_engines)
+            if self.n_engines:
+                mask_ptr = &mask[0]
+        return self._tree_for(row, available, mask_ptr).m
+
+    def tree_rank(self, uint64_t key_hash, Py_ssize_t row, Py_ssize_t k, available=None):
+        """Up to ``k`` engine indices in hierarchical rendezvous order; see the spec."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self._check_row(row)
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        if available is not None:
+            mask = _as_mask(available, self.n_engines)
+            if self.n_engines:
+                mask_ptr = &mask[0]
+        cdef TreeState t = self._tree_for(row, available, mask_ptr)
+        if k > t.m:
+            k = t.m
+        if k == 0:
+            return []
+        cdef Py_ssize_t* out_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+        if out_idx == NULL:
+            raise MemoryError()
+        cdef const int64_t[:] no_load = _NO_LOAD
+        cdef Py_ssize_t m, j
+        try:
+            m = self._tree_rank_c(t, key_hash, row, k, out_idx, no_load, 0.0, 0.0, _ANY, -1,
+                                  False)
+            return [out_idx[j] for j in range(m)]
+        finally:
+            free(out_idx)
+
+    def tree_rank_prefix(self, key_hashes, Py_ssize_t row, Py_ssize_t k, loads,
+                         double balance_factor, available=None):
+        """rank_prefix on the tree ranking with bounded-staleness load totals; see the
+        spec."""
+        if not balance_factor >= 1.0:
+            raise ValueError(f"balance_factor must be >= 1, got {balance_factor}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        cdef Py_ssize_t n_keys = len(key_hashes), j, m, used
+        if n_keys == 0:
+            raise ValueError("key_hashes must not be empty")
+        self._check_row(row)
+        cdef uint64_t* keys = <uint64_t*>malloc(n_keys * sizeof(uint64_t))
+        cdef Py_ssize_t* out_idx = NULL
+        if keys == NULL:
+            raise MemoryError()
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        try:
+            for j in range(n_keys):
+                keys[j] = key_hashes[j]
+            if available is not None:
+                mask = _as_mask(available, self.n_engines)
+                if self.n_engines:
+                    mask_ptr = &mask[0]
+            load = _as_loads(loads, self.n_engines)
+            t = self._tree_for(row, available, mask_ptr)
+            k = min(k, max(t.m, 1))
+            out_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+            if out_idx == NULL:
+                raise MemoryError()
+            m = self._tree_rank_prefix_c(t, keys, n_keys, row, k, load, balance_factor,
+                                         out_idx, &used)
+            if m == 0:
+                return [], -1
+            return [out_idx[j] for j in range(m)], used
+        finally:
+            free(keys)
+            free(out_idx)
+
+    def tree_least_loaded(self, uint64_t key_hash, Py_ssize_t row, loads, available=None):
+        """The least live load among the load chunks' least-load engines; see the spec."""
+        self._check_row(row)
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        if available is not None:
+            mask = _as_mask(available, self.n_engines)
+            if self.n_engines:
+                mask_ptr = &mask[0]
+        cdef const int64_t[:] load = _as_loads(loads, self.n_engines)
+        cdef TreeState t = self._tree_for(row, available, mask_ptr)
+        return self._tree_least_loaded(t, key_hash, row, load)
+
+
+cdef enum:
+    _ANY = 0            # _tree_rank_c's filters: none,
+    _WITHIN_BOUND = 1   # load * total_w <= limit * w,
+    _AT_MOST = 2        # load <= max_load
+
+cdef enum:
+    _SMALL_WALK = 8     # rankings walking up to this many positions need no allocation
+    _PATH_CAP = 17      # nodes on a path: the root and MAX_DEPTH levels
+
+if (_PATH_CAP != MAX_DEPTH + 1 or SCAN_TIES != SPEC_SCAN_TIES
+        or LEAST_WALK_C > _SMALL_WALK or FANOUT_BITS != 4):
+    raise ImportError("fastroute._core.selector was built against other selector_tree limits")
+
+cdef object _NO_LOAD = np.zeros(1, dtype=np.int64)
+
+
+cdef inline void _scan_chunk(TreeState t, Py_ssize_t j, const int64_t[:] load) noexcept nogil:
+    # LoadChunks._scan: the sum, least load and first SCAN_TIES engines at it of chunk j.
+    cdef Py_ssize_t pos, i, n_ties = 0, stop = min((j + 1) * LOAD_CHUNK_C, t.m)
+    cdef int64_t total = 0, least = 0, li
+    cdef Py_ssize_t* ties = &t.chunk_ties[j * SCAN_TIES]
+    for pos in range(j * LOAD_CHUNK_C, stop):
+        i = t.order[pos]
+        li = load[i]
+        total += li
+        if n_ties == 0 or li < least:
+            least = li
+            ties[0] = i
+            n_ties = 1
+        elif li == least and n_ties < SCAN_TIES:
+            ties[n_ties] = i
+            n_ties += 1
+    t.chunk_sum[j] = total
+    t.chunk_least[j] = least
+    t.chunk_n_ties[j] = n_ties
+
+
+@cython.final
+cdef class TreeState:
+    """One (row, mask)'s trie with its load chunks (internal to the selector)."""
+
+    def __cinit__(self, tree, Py_ssize_t n_engines, bint masked):
+        self._tree = tree
+        self.m = tree.m
+        self.order = tree.order
+        self.node_w = tree.node_w
+        self.node_count = tree.node_count
+        self.node_seed = tree.node_seed
+        self.node_first = tree.node_first
+        self.node_n = tree.node_n
+        self.node_bucket = tree.node_bucket
+        self.n_nodes = tree.node_w.shape[0]
+        self.total_w = tree.total_w
+        self.n_chunks = tree.n_chunks
+        cdef Py_ssize_t nodes = max(self.n_nodes, 1), chunks = max(self.n_chunks, 1)
+        self.removed_w = <double*>calloc(nodes, sizeof(double))
+        self.removed_n = <int64_t*>calloc(nodes, sizeof(int64_t))
+        self.removed_e = <uint8_t*>calloc(max(n_engines, 1), sizeof(uint8_t))
+        self.chunk_sum = <int64_t*>calloc(chunks, sizeof(int64_t))
+        self.chunk_least = <int64_t*>calloc(chunks, sizeof(int64_t))
+        self.chunk_ties = <Py_ssize_t*>calloc(chunks * SCAN_TIES, sizeof(Py_ssize_t))
+        self.chunk_n_ties = <Py_ssize_t*>calloc(chunks, sizeof(Py_ssize_t))
+        self.mask_copy = <uint8_t*>calloc(max(n_engines, 1), 1) if masked else NULL
+        if (self.removed_w == NULL or self.removed_n == NULL or self.removed_e == NULL
+                or self.chunk_sum == NULL or self.chunk_least == NULL
+                or self.chunk_ties == NULL or self.chunk_n_ties == NULL
+                or (masked and self.mask_copy == NULL)):
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.removed_w)
+        free(self.removed_n)
+        free(self.removed_e)
+        free(self.chunk_sum)
+        free(self.chunk_least)
+        free(self.chunk_ties)
+        free(self.chunk_n_ties)
+        free(self.mask_copy)
+
+
+cdef struct _PathIdx:
+    uint64_t path
+    Py_ssize_t idx
+
+
+cdef int _compare_paths(const void* a, const void* b) noexcept nogil:
+    cdef uint64_t x = (<const _PathIdx*>a).path, y = (<const _PathIdx*>b).path
+    return (x > y) - (x < y)
+
+
+cdef object _build_tree(Selector sel, Py_ssize_t row, const uint8_t* mask):
+    # selector_tree.build_tree, the same tree bit for bit (tests/unit/test_selector_tree.py),
+    # with the per-engine work in C: the trie is rebuilt whenever a row's mask changes.
+    cdef Py_ssize_t n = sel.n_engines, i, m = 0, q, pos, end, start, stop, depth, c
+    cdef const double* w = &sel._w[row, 0] if n else NULL
+    cdef const double* inv_w = &sel._inv_w[row, 0] if n else NULL
+    cdef uint64_t prefix, digit, child
+    cdef int shift
+    cdef double total
+    cdef _PathIdx* pairs = <_PathIdx*>malloc(max(n, 1) * sizeof(_PathIdx))
+    if pairs == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            if inv_w[i] != INFINITY and (mask == NULL or mask[i] != 0):
+                pairs[m].path = mix64(sel._seeds[i] ^ TREE_SALT_C)
+                pairs[m].idx = i
+                m += 1
+        qsort(pairs, m, sizeof(_PathIdx), _compare_paths)
+        order = np.empty(m, dtype=np.int64)
+        for i in range(m):
+            order[i] = pairs[i].idx
+        # Per node: [W, count, seed, first, n, bucket] and its [start, stop, depth, prefix].
+        nodes = []
+        spans = []
+        if m:
+            nodes.append([0.0, m, 0, 0, 0, 0])
+            spans.append((0, m, 0, 0))
+        q = 0
+        while q < len(nodes):
+            start, stop, depth, prefix = spans[q]
+            node = nodes[q]
+            if stop - start <= LEAF_CAP_C or depth == MAX_DEPTH_C:
+                total = 0.0
+                for pos in range(start, stop):
+                    total += w[pairs[pos].idx]
+                node[0], node[3], node[4], node[5] = total, start, stop - start, 1
+            else:
+                shift = 64 - 4 * (depth + 1)
+                node[3] = len(nodes)
+                pos = start
+                while pos < stop:
+                    digit = (pairs[pos].path >> shift) & 15
+                    end = pos
+                    while end < stop and ((pairs[end].path >> shift) & 15) == digit:
+                        end += 1
+                    child = (prefix << 4) | digit
+                    nodes.append([0.0, end - pos,
+                                  mix64(child ^ mix64(<uint64_t>(depth + 1) ^ NODE_SALT_C)),
+                                  0, 0, 0])
+                    spans.append((pos, end, depth + 1, child))
+                    pos = end
+                node[4] = len(nodes) - node[3]
+            q += 1
+        for q in range(len(nodes) - 1, -1, -1):
+            node = nodes[q]
+            if not node[5]:
+                total = 0.0
+                for c in range(node[3], node[3] + node[4]):
+                    total += <double>nodes[c][0]
+                node[0] = total
+        return Tree.from_arrays(order, nodes)
+    finally:
+        free(pairs)

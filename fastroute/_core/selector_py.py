@@ -34,6 +34,16 @@ from typing import Any
 
 import numpy as np
 
+from fastroute._core.selector_tree import (
+    LEAST_WALK,
+    SCAN_TIES,
+    WALK_CAP,
+    LoadChunks,
+    Tree,
+    TreeCache,
+    rank_tree,
+)
+
 __all__ = ["Selector", "mix64", "engine_seed", "unit_open", "ZERO_WEIGHT_RATIO"]
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -367,3 +377,117 @@ class Selector:
         for i in eligible:
             ties[i] = int(load[i]) == least
         return self._rank(key_hash, row, ties, 1)[0]
+
+    # -- hierarchical rendezvous (selector_tree: its spec) ---------------------------
+
+    def _tree(self, row: int, mask: list[bool] | None) -> tuple[Tree, LoadChunks]:
+        trees = self.__dict__.get("_trees")
+        if trees is None:
+            trees = self._trees = TreeCache()
+        return trees.get(row, mask, self._seeds, self._w[row], self._inv_w[row])
+
+    def tree_size(self, row: int, available: Any = None) -> int:
+        """How many engines of ``row`` are eligible (weight > 0, not masked out)."""
+        mask = self._check(0, row, available)
+        return self._tree(row, mask)[0].m
+
+    def tree_rank(self, key_hash: int, row: int, k: int, available: Any = None) -> list[int]:
+        """Up to ``k`` engine indices in hierarchical rendezvous order (``selector_tree``).
+
+        Same long-run shares as :meth:`rank`, O(16 log16 n) hashes per position.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        mask = self._check(key_hash, row, available)
+        tree, _ = self._tree(row, mask)
+        return rank_tree(tree, key_hash, k, self._seeds, self._w[row], self._inv_w[row], self._ids)
+
+    def _loads(self, loads: Any) -> np.ndarray:
+        load = np.asarray(loads)
+        if load.shape != (self.n_engines,):
+            raise ValueError(f"loads must have shape ({self.n_engines},), got {load.shape}")
+        return load
+
+    def tree_rank_prefix(
+        self,
+        key_hashes: Sequence[int],
+        row: int,
+        k: int,
+        loads: Any,
+        balance_factor: float,
+        available: Any = None,
+    ) -> tuple[list[int], int]:
+        """:meth:`rank_prefix` on the tree ranking, with the load total of bounded
+        staleness of ``selector_tree.LoadChunks``.
+
+        The bounded fallback is the first ``k`` within-bound engines of the last key's
+        tree ranking among its first ``WALK_CAP`` positions (the last key's ranking over
+        every eligible engine if none is).
+        """
+        if not balance_factor >= 1.0:
+            raise ValueError(f"balance_factor must be >= 1, got {balance_factor}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        keys = [_check_key(h) for h in key_hashes]
+        if not keys:
+            raise ValueError("key_hashes must not be empty")
+        mask = self._check(keys[0], row, available)
+        load = self._loads(loads)
+        tree, chunks = self._tree(row, mask)
+        if tree.m == 0:
+            return [], -1
+        total_load = chunks.refresh(load)
+        w, inv_w, seeds, ids = self._w[row], self._inv_w[row], self._seeds, self._ids
+        total_w = tree.total_w
+        limit = balance_factor * float(total_load)
+
+        def within_bound(i: int) -> bool:
+            return float(load[i]) * total_w <= limit * w[i]
+
+        for j, key in enumerate(keys):
+            first = rank_tree(tree, key, 1, seeds, w, inv_w, ids)
+            if within_bound(first[0]):
+                return rank_tree(tree, key, k, seeds, w, inv_w, ids), j
+        ranked = rank_tree(tree, keys[-1], k, seeds, w, inv_w, ids, within_bound, WALK_CAP)
+        return (ranked or rank_tree(tree, keys[-1], k, seeds, w, inv_w, ids)), len(keys)
+
+    def tree_least_loaded(self, key_hash: int, row: int, loads: Any, available: Any = None) -> int:
+        """The cost spill's least-loaded engine (``selector_tree``: the least live load
+        among the load chunks' least-load engines, or, when at least ``SCAN_TIES`` of them
+        tie there, an engine as light among the key's first ``LEAST_WALK`` ranked ones);
+        -1 if none is eligible."""
+        mask = self._check(key_hash, row, available)
+        load = self._loads(loads)
+        tree, chunks = self._tree(row, mask)
+        if not chunks.scanned:
+            chunks.refresh(load)
+        inv_w, best_i, best_load, best, n_at = self._inv_w[row], -1, 0, math.inf, 0
+        for ties in chunks.ties:
+            for i in ties:
+                li = int(load[i])
+                if best_i >= 0 and li > best_load:
+                    continue
+                n_at = 1 if best_i < 0 or li < best_load else n_at + 1
+                s = -math.log(unit_open(mix64(key_hash ^ self._seeds[i]))) * inv_w[i]
+                if (
+                    best_i < 0
+                    or li < best_load
+                    or s < best
+                    or (s == best and self._ids[i] < self._ids[best_i])
+                ):
+                    best_i, best_load, best = i, li, s
+        if n_at >= SCAN_TIES:  # many ties, perhaps more than the chunks kept: walk
+            walked = rank_tree(
+                tree,
+                key_hash,
+                1,
+                self._seeds,
+                self._w[row],
+                inv_w,
+                self._ids,
+                lambda i: int(load[i]) <= best_load,
+                LEAST_WALK,
+            )
+            if walked:
+                return walked[0]
+        return best_i

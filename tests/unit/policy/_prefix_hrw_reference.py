@@ -2,6 +2,11 @@
 compiled core: a frozen pure-Python reference that the replay test routes the same
 requests through (``test_prefix_hrw_replay.py``). Do not change it to follow the policy:
 a difference in decisions is what the replay test is for.
+
+Re-recorded once, deliberately (2026-12-02, issue 20 "decision cost"): the rankings are
+the selector's hierarchical rendezvous (``tree_rank_prefix``, ``tree_least_loaded``;
+``fastroute/_core/selector_tree.py``) instead of flat rendezvous, so that a decision
+costs O(log n) at 10,000 engines; everything else is as frozen.
 """
 
 from __future__ import annotations
@@ -244,7 +249,7 @@ class ReferencePrefixHRW(Policy):
         loads = view.in_flight_tokens()
         if loads is None:
             loads = view.in_flight()
-        ranked, used = view.selector.rank_prefix(
+        ranked, used = view.selector.tree_rank_prefix(
             [h for _, h in candidates], request.row, k, loads, self.balance_factor, mask
         )
         if not ranked:
@@ -298,7 +303,7 @@ class ReferencePrefixHRW(Policy):
         home_load = int(loads[home])
         if home_load <= saving_tokens:
             return -1  # no engine can be lighter by more than the saving
-        least = view.selector.least_loaded(
+        least = view.selector.tree_least_loaded(
             keys[-1][1], request.row, loads, view.eligible(request.row)
         )
         if least < 0 or least == home or home_load - int(loads[least]) <= saving_tokens:
