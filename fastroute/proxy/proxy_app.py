@@ -318,6 +318,9 @@ class ProxyApp:
     fleet_admin : FleetAdmin
         The fleet admin API; its ``apply`` (default: reload this app) is what a change
         triggers (``fastroute serve`` workers signal their supervisor instead).
+    start_table : StartTable
+        The start rule's verdict on the weight table found at start (``/ready``'s
+        ``stale_table``); judged in :meth:`start`.
 
     Raises
     ------
@@ -346,7 +349,7 @@ class ProxyApp:
             ctx.tracer.shutdown()
             ctx.tracer = build_tracing(config.tracing, span_exporter)
         name = table_name or config.proxy.table_name
-        #: The start rule's verdict on the table found at start (kept across reloads).
+        # judged in start(); kept across reloads (a reload must not adopt a held table)
         self.start_table = StartTable(
             name,
             max_age_s=config.proxy.stale_table_max_age_s,

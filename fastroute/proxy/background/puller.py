@@ -37,6 +37,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable, Mapping
+from urllib.parse import urljoin
 
 import aiohttp
 
@@ -211,7 +212,10 @@ class WeightsPuller:
         except _Redirect as hop:  # a follower names the leader: ask it, and keep asking it
             self._alive_seen = True
             self.url = hop.url
-            data = await self._fetch(params, timeout)
+            try:
+                data = await self._fetch(params, timeout)
+            except _Redirect as again:  # one hop only: the leader itself must answer
+                raise PullError("http", f"redirected again, to {again.url}", alive=True) from None
         if data is None:
             return False
         snap = await asyncio.to_thread(decode_snapshot, data)
@@ -427,12 +431,12 @@ class WeightsPuller:
 
 
 def _leader_table_url(headers: Mapping[str, str], current: str) -> str:
-    """The leader's ``/v1/table`` from a follower's redirect (its ``x-fastroute-leader``
-    header, else the ``Location`` without its query, ours is sent again)."""
+    """The leader's ``/v1/table`` from a follower's redirect: its ``x-fastroute-leader`` header,
+    else the ``Location`` (resolved against ``current``) without its query (ours is sent)."""
     leader = headers.get("x-fastroute-leader")
     if leader:
         return leader.rstrip("/") + "/v1/table"
-    location = headers.get("Location", "")
+    location = urljoin(current, headers.get("Location", ""))
     if not location.startswith(("http://", "https://")):
-        raise PullError("http", f"redirect to {location!r}: not an absolute URL", alive=True)
+        raise PullError("http", f"redirect to {location!r}: not an HTTP URL", alive=True)
     return location.split("?", 1)[0]

@@ -77,6 +77,9 @@ def test_a_redirect_names_the_leaders_table(headers: dict[str, str], expected: s
     assert _leader_table_url(headers, "http://f:1/v1/table") == expected
 
 
-def test_a_relative_redirect_is_an_error() -> None:
+def test_a_relative_redirect_resolves_and_another_scheme_is_an_error() -> None:
+    assert _leader_table_url({"Location": "/v1/table?a=1"}, "http://f:1/v1/table") == (
+        "http://f:1/v1/table"
+    )
     with pytest.raises(PullError):
-        _leader_table_url({"Location": "/v1/table"}, "http://f:1/v1/table")
+        _leader_table_url({"Location": "ftp://x/v1/table"}, "http://f:1/v1/table")

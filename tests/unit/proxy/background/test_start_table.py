@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -13,6 +14,8 @@ from fastroute.hashing import engine_id
 from fastroute.proxy.background.start_table import StartTable
 from fastroute.proxy.background.table_watch import TableWatcher
 from fastroute.proxy.path.fleet import Fleet
+from fastroute.proxy.proxy_app import ProxyApp
+from fastroute.proxy.routes import get_reply
 from fastroute.tables import TableSnapshot, TableWriter
 
 _CONFIG = """
@@ -104,3 +107,28 @@ def test_no_table_is_nothing_to_judge(shm_name: str) -> None:
     start = StartTable(shm_name, max_age_s=60.0, pulls=True)
     assert start.judge() is None
     assert not _watcher(shm_name, start).poll()
+
+
+def test_the_hold_survives_a_reload_of_the_app(shm_name: str) -> None:
+    """A reload builds a new table watcher; it must not adopt the table the start rule held."""
+    config = decode_config(
+        _CONFIG + f'[controller]\nport = 0\n[proxy]\ntable_name = "{shm_name}"\n'
+    )
+    _leave_table(shm_name, age_s=3600.0)
+
+    async def main() -> None:
+        async with ProxyApp(config) as app:
+            assert app.context.fleet.state.source == "config"
+            assert await app.reload(config)
+            assert app.context.fleet.state.source == "config"
+            reply = get_reply(app.context, "/ready", {}, "127.0.0.1", app.start_table)
+            assert b'"reason":"too_old"' in reply.body and b'"weights":"config"' in reply.body
+            with TableWriter(shm_name) as live:
+                live.publish(IDS, np.array([[0.0, 1.0]]))
+                for _ in range(100):  # the watcher polls every 0.5 s
+                    if app.context.fleet.state.source == "table":
+                        break
+                    await asyncio.sleep(0.05)
+            assert app.context.fleet.state.generation == 2 and app.start_table.verdict is None
+
+    asyncio.run(asyncio.wait_for(main(), 30.0))
