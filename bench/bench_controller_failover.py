@@ -3,7 +3,8 @@
 A real 3-member etcd cluster, ``--controllers`` ``fastroute controller`` processes campaigning on
 it (lease TTL ``--ttl-s``), two ``fastroute serve`` proxies (one worker each, pointed at two
 different controllers with the others as ``proxy.controller_fallback_urls``: they follow the
-followers' 307 to the leader), two emulated engines, and
+followers' 307 to the leader; with ``--proxy-etcd`` they also read the leader from etcd), two
+emulated engines, and
 ``--clients`` client threads sending completions through the proxies in turn. Every
 ``--kill-every-s`` (uniform in [0.5, 1.5] x that) the current leader is SIGKILLed; it comes back
 ``--restart-after-s`` later (the "old leader returns").
@@ -87,13 +88,14 @@ class Stack:
             path = root / f"fastroute-{i}.toml"
             order = self.ctl_ports[i:] + self.ctl_ports[:i]
             fallbacks = json.dumps([f"http://127.0.0.1:{p}" for p in order[1:]])
+            etcd = f"etcd_urls = {json.dumps(self.etcd.client_urls)}\n" if args.proxy_etcd else ""
             path.write_text(
                 stack_toml(
                     engines_toml(urls, MODEL),
                     controller_port=self.ctl_ports[0],
                     proxy_port=self.proxy_ports[i],
                     proxy=f'controller_url = "http://127.0.0.1:{order[0]}"\n'
-                    f"controller_fallback_urls = {fallbacks}\n",
+                    f"controller_fallback_urls = {fallbacks}\n{etcd}",
                     **base,
                 )
                 + ha
@@ -256,6 +258,9 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--etcd-faults", action="store_true", help="add the etcd phases (docstring)")
     p.add_argument("--etcd-fault-s", type=float, default=20.0)
+    # the proxies also read the leader's URL from etcd (proxy.etcd_urls; the key is the
+    # shared config's [controller.ha] election_key)
+    p.add_argument("--proxy-etcd", action="store_true")
     args = p.parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="fastroute-failover-"))
@@ -321,6 +326,7 @@ def main() -> int:
         "controllers": args.controllers,
         "ttl_s": args.ttl_s,
         "period_s": args.period_s,
+        "proxy_etcd": args.proxy_etcd,
         "kills": len(kills),
         "epochs_increase": all(k["new_epoch"] > k["old_epoch"] for k in kills),
         "leader_samples": len(samples),

@@ -112,7 +112,7 @@ class ControllerApi:
                 )
             self.waiters += 1
             try:
-                snap = await svc.publisher.wait_changed(after, timeout_s)
+                snap = await svc.publisher.wait_changed(after, timeout_s, q.get("epoch"))
             finally:
                 self.waiters -= 1
             if snap is None:

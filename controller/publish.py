@@ -147,10 +147,17 @@ class TablePublisher:
         """Generation of the current snapshot, 0 before the first."""
         return 0 if self.snapshot is None else self.snapshot.generation
 
-    async def wait_changed(self, after: int, timeout_s: float) -> TableSnapshot | None:
-        """The current snapshot once its generation differs from ``after``; None on timeout."""
+    async def wait_changed(
+        self, after: int, timeout_s: float, epoch: str | None = None
+    ) -> TableSnapshot | None:
+        """The current snapshot once its generation differs from ``after`` or, when the poller
+        names its ``epoch``, its epoch differs (a new leader's generations are its own counter:
+        its first one may equal the old leader's ``after``); None on timeout."""
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while self.snapshot is None or self.snapshot.generation == after:
+        while self.snapshot is None or (
+            self.snapshot.generation == after
+            and (epoch is None or str(self.snapshot.meta.get("epoch")) == epoch)
+        ):
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 return None

@@ -785,6 +785,26 @@ class ProxyConfig(_Section):
         controllers"), tried in order for the table after ``controller_url`` fails to
         answer (connection error, timeout, HTTP error); any of them redirects to the leader.
         Reports still go to ``controller_url`` (a follower relays them to the leader).
+    etcd_urls : array of str
+        Client URLs of the controllers' etcd (``http://host:2379``): the weights puller reads
+        the leader's ``advertise_url`` from ``leader_key`` and pulls from it, falling back to
+        ``controller_url`` and ``controller_fallback_urls`` while etcd does not answer or names
+        no leader. Needs ``controller_url`` (reports go there). Empty: no etcd lookup.
+    leader_key : str, optional
+        The etcd key the leading controller writes its URL at; default (unset) the
+        ``[controller.ha]`` section's ``election_key``, the same key when the proxy shares the
+        controllers' config file.
+    etcd_timeout_s : float
+        Timeout of one etcd read on one member, seconds (a lookup tries each member in turn).
+    stale_table_max_age_s : float
+        The start rule (docs/operations.md "Stale tables at proxy start"): a weight table found
+        at start whose writer is gone (nobody holds its lock) steers requests only if it is at
+        most this old and the proxy has no ``controller_url`` to confirm it with; otherwise the
+        proxy routes on capacity weights until a live writer publishes (``/ready`` says so).
+        Default 60 s: a live controller republishes an unchanged table every
+        ``republish_after_s`` (10 periods, 50 s by default), and a successor takes over within
+        the lease TTL (10 s), so an older table was in force after its deployment's
+        controllers stopped.
     report_interval_s : float
         How often the proxy reports demand and in-band signals to the controller.
     scrape_engines : bool
@@ -831,6 +851,13 @@ class ProxyConfig(_Section):
         tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=2048)], ...],
         msgspec.Meta(max_length=16),
     ] = ()
+    etcd_urls: Annotated[tuple[str, ...], msgspec.Meta(max_length=16)] = ()
+    leader_key: (
+        Annotated[str, msgspec.Meta(min_length=2, max_length=512, pattern=r"^/[A-Za-z0-9._/-]+$")]
+        | None
+    ) = None
+    etcd_timeout_s: PositiveSeconds = 0.5
+    stale_table_max_age_s: PositiveSeconds = 60.0
     report_interval_s: PositiveSeconds = 1.0
     scrape_engines: bool = False
     scrape_interval_s: PositiveSeconds = 1.0
@@ -840,6 +867,16 @@ class ProxyConfig(_Section):
     passthrough_paths: Annotated[tuple[PassthroughPath, ...], msgspec.Meta(max_length=256)] = ()
     models_scrape_interval_s: PositiveSeconds = 15.0
     proxy_count: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+
+    def __post_init__(self) -> None:
+        for url in self.etcd_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"proxy.etcd_urls: {url!r} must start with http://")
+        if self.etcd_urls and not self.controller_url:
+            raise ValueError(
+                "proxy.etcd_urls needs proxy.controller_url (the fallback while etcd does not "
+                "answer, and where reports go)"
+            )
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,9 +10,11 @@ aiohttp is no HTTP *server* of the proxy any more; it remains the HTTP *client* 
 the signal path (weights puller, reporter, engine scraper, calibration pull), which
 :meth:`ProxyApp.start` runs as background tasks.
 
-Lifecycle: :meth:`ProxyApp.start` opens the upstream pool, polls the weight table
-once (so ``/ready`` reflects it) and then every :data:`TABLE_POLL_INTERVAL_S` in a
-background task, and starts the signal tasks. :meth:`ProxyApp.stop` (after the server
+Lifecycle: :meth:`ProxyApp.start` opens the upstream pool, judges the weight table found at
+start (:class:`~fastroute.proxy.background.start_table.StartTable`: a table whose writer is gone
+steers requests only if the start rule allows it), polls the table once (so ``/ready`` reflects
+it) and then every :data:`TABLE_POLL_INTERVAL_S` in a background task, and starts the signal
+tasks (the puller last: it takes the table's writer lock). :meth:`ProxyApp.stop` (after the server
 drained) marks the app draining, stops the signal tasks, waits for retiring
 generations and closes the pool.
 
@@ -44,6 +46,7 @@ from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import PolicyConfigError
 from fastroute.proxy.admin_engines import FleetAdmin, is_admin_engines_path
 from fastroute.proxy.background.signal_tasks import SignalTasks, install_signal_tasks
+from fastroute.proxy.background.start_table import StartTable
 from fastroute.proxy.background.table_watch import TableWatcher
 from fastroute.proxy.http.reply import Reply, Sink
 from fastroute.proxy.http.upstream import UpstreamPool
@@ -246,12 +249,16 @@ def _admission(config: Config, previous: ProxyContext | None) -> AdmissionQueue 
     return AdmissionQueue(guard)
 
 
-def _new_generation(ctx: ProxyContext, table_name: str) -> _Generation:
+def _new_generation(ctx: ProxyContext, table_name: str, start: StartTable) -> _Generation:
     def on_change(state: FleetState) -> None:
         ctx.metrics.table_generation.set(state.generation)
 
     watcher = TableWatcher(
-        ctx.fleet, table_name, interval_s=TABLE_POLL_INTERVAL_S, on_change=on_change
+        ctx.fleet,
+        table_name,
+        interval_s=TABLE_POLL_INTERVAL_S,
+        on_change=on_change,
+        start=start if start.name == table_name else None,
     )
     return _Generation(
         ctx=ctx, handler=InferenceHandler(ctx), watcher=watcher, endpoints=EndpointHandler(ctx)
@@ -311,6 +318,9 @@ class ProxyApp:
     fleet_admin : FleetAdmin
         The fleet admin API; its ``apply`` (default: reload this app) is what a change
         triggers (``fastroute serve`` workers signal their supervisor instead).
+    start_table : StartTable
+        The start rule's verdict on the weight table found at start (``/ready``'s
+        ``stale_table``); judged in :meth:`start`.
 
     Raises
     ------
@@ -338,7 +348,14 @@ class ProxyApp:
         if span_exporter is not None and config.tracing.enabled:  # tests: in-memory spans
             ctx.tracer.shutdown()
             ctx.tracer = build_tracing(config.tracing, span_exporter)
-        self._current = _new_generation(ctx, table_name or config.proxy.table_name)
+        name = table_name or config.proxy.table_name
+        # judged in start(); kept across reloads (a reload must not adopt a held table)
+        self.start_table = StartTable(
+            name,
+            max_age_s=config.proxy.stale_table_max_age_s,
+            pulls=config.proxy.controller_url is not None,
+        )
+        self._current = _new_generation(ctx, name, self.start_table)
         self._stats_block = stats_block
         self._table_name = table_name
         self._config_path = Path(config_path) if config_path is not None else None
@@ -367,6 +384,7 @@ class ProxyApp:
         """Open the upstream pool, adopt the weight table, start the background tasks."""
         gen = self._current
         gen.ctx.upstream = UpstreamPool(gen.ctx.config)
+        self.start_table.judge()  # before this worker's puller can take the writer lock
         _start_generation(gen)
         gen.ctx.ready = True
         self.signals.start()
@@ -435,7 +453,9 @@ class ProxyApp:
         if is_get_path(path):
             if method not in ("GET", "HEAD"):
                 return _done(not_allowed(method, path, ("GET", "HEAD")))
-            return _done(get_reply(self._current.ctx, path, request.headers, remote))
+            return _done(
+                get_reply(self._current.ctx, path, request.headers, remote, self.start_table)
+            )
         if is_stored_response_path(path):
             return self._stored(request, method, rid)
         return self._other(request, remote, sink, rid)
@@ -528,7 +548,9 @@ class ProxyApp:
             ctx.upstream = UpstreamPool(config)
             ctx.ready = True
             ctx.draining = old.ctx.draining
-            gen = _new_generation(ctx, self._table_name or config.proxy.table_name)
+            gen = _new_generation(
+                ctx, self._table_name or config.proxy.table_name, self.start_table
+            )
             _start_generation(gen)
             self._current = gen
             self._retire(old)

@@ -26,7 +26,9 @@ The engine endpoints (``/tokenize``, ``/pooling``, ``/score``, ``/rerank``, ``/c
 ``GET /ready``
     200 once a weight source is loaded (the table, or the config fallback);
     ``unserved_models`` names the models the config names that no engine serves (503
-    when that is all of them).
+    when that is all of them); ``stale_table`` describes a table found at start whose writer
+    was gone (name, generation, age now, epoch, the start rule's reason, whether it is used),
+    until a live writer publishes (absent otherwise).
 ``/version``, ``/load``
     Not routed: engine-scoped (an engine's build, an engine's in-flight count) with no
     model to route by; 404 ``not_routed`` saying so. Ask the engine itself.
@@ -48,6 +50,7 @@ import ipaddress
 import os
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -55,6 +58,9 @@ from fastroute.proxy.background.models_scrape import ModelCard, models_body
 from fastroute.proxy.http.openai_errors import error_reply
 from fastroute.proxy.http.reply import Reply
 from fastroute.proxy.path.handler import ProxyContext
+
+if TYPE_CHECKING:
+    from fastroute.proxy.background.start_table import StartTable
 
 __all__ = [
     "INFERENCE_PATHS",
@@ -111,7 +117,11 @@ def _json_reply(data: object, status: int = 200) -> Reply:
 
 
 def get_reply(
-    ctx: ProxyContext, path: str, headers: Mapping[str, str], remote: str | None
+    ctx: ProxyContext,
+    path: str,
+    headers: Mapping[str, str],
+    remote: str | None,
+    start: StartTable | None = None,
 ) -> Reply:
     """Answer a ``GET`` route (:func:`is_get_path`) from the context in force.
 
@@ -125,6 +135,8 @@ def get_reply(
         Request headers (``Authorization`` for the admin routes).
     remote : str or None
         The client's address (admin routes are open to loopback).
+    start : StartTable, optional
+        The start rule's verdict (``/ready``'s ``stale_table``).
 
     Returns
     -------
@@ -135,7 +147,7 @@ def get_reply(
     if path == "/health":
         return _health_reply(ctx)
     if path == "/ready":
-        return _ready_reply(ctx)
+        return _ready_reply(ctx, start)
     if path == "/metrics":
         ctx.metrics.table_generation.set(ctx.fleet.state.generation)
         return Reply(200, [("Content-Type", "text/plain; version=0.0.4")], ctx.metrics.render())
@@ -156,15 +168,18 @@ def _health_reply(ctx: ProxyContext) -> Reply:
     return _json_reply({"status": "ok", "pid": pid})
 
 
-def _ready_reply(ctx: ProxyContext) -> Reply:
+def _ready_reply(ctx: ProxyContext, start: StartTable | None) -> Reply:
     state = ctx.fleet.state
     unserved = ctx.models.unserved(ctx.config) if ctx.models is not None else []
-    body = {
+    body: dict[str, object] = {
         "ready": ctx.ready,
         "weights": state.source,
         "generation": state.generation,
         "unserved_models": unserved,
     }
+    stale = start.ready_info() if start is not None else None
+    if stale is not None:
+        body["stale_table"] = stale
     serving = len(unserved) < len(ctx.config.models())
     return _json_reply(body, 200 if ctx.ready and not ctx.draining and serving else 503)
 

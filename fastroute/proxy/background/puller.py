@@ -14,6 +14,17 @@ controller were local.
   last good table, is counted by kind and logged once per distinct message, and
   the next poll waits an exponential backoff with jitter (bounded by
   ``backoff_max_s``).
+* Finding the leader (docs/operations.md "Running several controllers"): with an
+  :class:`~fastroute.proxy.background.leader_lookup.EtcdLeader`, the URL etcd's leader key names,
+  read before the first poll and after every failed one; else (etcd down, no leader named, or
+  it names the URL that just failed) ``controller_url`` and ``controller_fallback_urls`` in
+  turn. A follower's 307 is followed by hand (one hop) and its leader kept as the URL.
+* Catch-up after a failover: after a connection error, timeout, 503 or fenced table, the next
+  URL is tried at once, for one round of the URLs (:meth:`WeightsPuller.round_size`); after
+  that, while some controller answered (a 503 "no leader known", a redirect, a fenced table: an
+  election is under way), the wait is at most ``failover_backoff_max_s``
+  (:data:`FAILOVER_BACKOFF_MAX_S`); only while nothing answers does it grow to
+  ``backoff_max_s``.
 * One puller per host: the table's writer lock decides. A worker that finds the
   lock taken (:class:`~fastroute.errors.TableLockedError`: another worker pulls, or
   the controller runs on this host) stands by and retries the lock every
@@ -26,13 +37,16 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from urllib.parse import urljoin
 
 import aiohttp
 
 from fastroute.errors import TableError, TableFencedError, TableLockedError
+from fastroute.proxy.background.leader_lookup import EtcdLeader
 from fastroute.signals.body import read_bounded
 from fastroute.tables import TableWriter
+from fastroute.tables.stale import describe
 from fastroute.tables.wire import (
     MSGPACK_CONTENT_TYPE,
     WireError,
@@ -40,20 +54,38 @@ from fastroute.tables.wire import (
     publish_snapshot,
 )
 
-__all__ = ["WeightsPuller", "PullError", "MAX_SNAPSHOT_BYTES"]
+__all__ = ["WeightsPuller", "PullError", "MAX_SNAPSHOT_BYTES", "FAILOVER_BACKOFF_MAX_S"]
 
 logger = logging.getLogger(__name__)
 
 #: Largest snapshot body accepted (a 1024 x 4096 table is 32 MiB of weights).
 MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+#: Longest wait between polls while some controller answers but none serves a table (an
+#: election under way): a new leader's first table is applied at most this late, plus a poll.
+FAILOVER_BACKOFF_MAX_S = 0.5
+#: Error kinds that say "ask another controller": the next URL is tried.
+_ROTATE_KINDS = frozenset({"connect", "timeout", "http", "fenced"})
+#: HTTP statuses of a live controller that does not serve the table (a follower knowing no
+#: leader answers 503): a short backoff, the leader is being elected.
+_ALIVE_STATUSES = frozenset({503})
 
 
 class PullError(Exception):
     """One poll failed; ``kind`` names how (``http``, ``too_large``)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, *, alive: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        #: The controller answered (it is up; an election may be under way).
+        self.alive = alive
+
+
+class _Redirect(Exception):
+    """A follower's 307: ``url`` is the leader's ``/v1/table``."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.url = url
 
 
 class WeightsPuller:
@@ -87,6 +119,16 @@ class WeightsPuller:
         region's rows only (over the engines they weight or that are flagged), which is all the
         proxy's fleet reads. None: the full table (every proxy sharing the local table gets
         its rows, e.g. proxies of several regions on one host under one ``table_name``).
+    leader : EtcdLeader, optional
+        Reads the leader's URL from etcd before the first poll and after each failed one.
+    failover_backoff_max_s : float
+        Cap of the wait while a controller answers without serving a table (default
+        :data:`FAILOVER_BACKOFF_MAX_S`).
+    stale_table_max_age_s : float, optional
+        When this worker takes the writer lock of a table older than this (its writer gone
+        long ago: ``proxy.stale_table_max_age_s``), the table's epoch fence is dropped, so the
+        controller's first table replaces it whatever its epoch (another deployment's table
+        must not fence this one's controller off). None: the fence is kept.
 
     Attributes
     ----------
@@ -118,9 +160,19 @@ class WeightsPuller:
         rng: Callable[[], float] = random.random,
         fallback_urls: tuple[str, ...] = (),
         cluster: str | None = None,
+        leader: EtcdLeader | None = None,
+        failover_backoff_max_s: float = FAILOVER_BACKOFF_MAX_S,
+        stale_table_max_age_s: float | None = None,
     ) -> None:
         self.urls = [u.rstrip("/") + "/v1/table" for u in (controller_url, *fallback_urls)]
         self.url = self.urls[0]
+        self.leader = leader
+        self.failover_backoff_max_s = failover_backoff_max_s
+        self.stale_table_max_age_s = stale_table_max_age_s
+        self._index = 0  # of self.urls: the static URL tried last
+        self._ask_leader = leader is not None
+        self._alive_seen = False  # a controller answered since the last good poll
+        self._failed_url: str | None = None
         self.table_name = table_name
         self.poll_timeout_s = poll_timeout_s
         self.timeout_margin_s = timeout_margin_s
@@ -165,19 +217,17 @@ class WeightsPuller:
         timeout = aiohttp.ClientTimeout(
             total=self.poll_timeout_s + self.timeout_margin_s, connect=self.connect_timeout_s
         )
-        headers = {"Accept": MSGPACK_CONTENT_TYPE}
-        async with self._session.get(
-            self.url, params=params, headers=headers, timeout=timeout
-        ) as resp:
-            if resp.status == 304:
-                return False
-            if resp.status != 200:
-                raise PullError("http", f"controller answered HTTP {resp.status}")
-            if (resp.content_length or 0) > MAX_SNAPSHOT_BYTES:
-                raise PullError("too_large", f"snapshot of {resp.content_length} bytes")
-            data = await read_bounded(resp.content, MAX_SNAPSHOT_BYTES)
-            if len(data) > MAX_SNAPSHOT_BYTES:
-                raise PullError("too_large", f"snapshot over {MAX_SNAPSHOT_BYTES} bytes")
+        try:
+            data = await self._fetch(params, timeout)
+        except _Redirect as hop:  # a follower names the leader: ask it, and keep asking it
+            self._alive_seen = True
+            self.url = hop.url
+            try:
+                data = await self._fetch(params, timeout)
+            except _Redirect as again:  # one hop only: the leader itself must answer
+                raise PullError("http", f"redirected again, to {again.url}", alive=True) from None
+        if data is None:
+            return False
         snap = await asyncio.to_thread(decode_snapshot, data)
         epoch = snap.meta.get("epoch") if snap.meta_bytes else None
         epoch = epoch if isinstance(epoch, int) else None
@@ -206,6 +256,30 @@ class WeightsPuller:
         )
         return True
 
+    async def _fetch(self, params: dict[str, str], timeout: aiohttp.ClientTimeout) -> bytes | None:
+        """One GET of :attr:`url`: the snapshot body, or None for 304 (nothing newer).
+
+        Raises :class:`_Redirect` for a follower's redirect (not followed by aiohttp: the
+        puller keeps the leader's URL), :class:`PullError` for another status."""
+        assert self._session is not None
+        headers = {"Accept": MSGPACK_CONTENT_TYPE}
+        async with self._session.get(
+            self.url, params=params, headers=headers, timeout=timeout, allow_redirects=False
+        ) as resp:
+            if resp.status == 304:
+                return None
+            if resp.status in (301, 302, 303, 307, 308):
+                raise _Redirect(_leader_table_url(resp.headers, self.url))
+            if resp.status != 200:
+                alive = resp.status in _ALIVE_STATUSES
+                raise PullError("http", f"controller answered HTTP {resp.status}", alive=alive)
+            if (resp.content_length or 0) > MAX_SNAPSHOT_BYTES:
+                raise PullError("too_large", f"snapshot of {resp.content_length} bytes")
+            data = await read_bounded(resp.content, MAX_SNAPSHOT_BYTES)
+            if len(data) > MAX_SNAPSHOT_BYTES:
+                raise PullError("too_large", f"snapshot over {MAX_SNAPSHOT_BYTES} bytes")
+        return data
+
     def _fence(self, epoch: int | None) -> None:
         """Refuse a table of an older epoch than the one in force (a deposed leader's).
 
@@ -215,15 +289,50 @@ class WeightsPuller:
         if epoch is None or self.epoch is None or epoch >= self.epoch:
             return
         self.fenced_total += 1  # _record_error logs it once per (epoch, epoch in force)
-        raise PullError("fenced", f"table of epoch {epoch} older than {self.epoch}")
+        raise PullError("fenced", f"table of epoch {epoch} older than {self.epoch}", alive=True)
 
     # -- the task -----------------------------------------------------------------------------
+
+    def round_size(self) -> int:
+        """Controllers one round of immediate retries asks: the URLs, plus etcd's leader."""
+        return len(self.urls) + (1 if self.leader is not None else 0)
 
     def _backoff_s(self) -> float:
         d = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (self._consecutive_errors - 1))
         return d * (0.5 + 0.5 * self.rng())
 
-    def _record_error(self, exc: BaseException) -> None:
+    def _wait_s(self, kind: str) -> float:
+        """The wait before the next poll after an error of ``kind`` (the catch-up bounds)."""
+        if kind not in _ROTATE_KINDS:
+            return self._backoff_s()
+        if self.round_size() > 1 and self._consecutive_errors <= self.round_size():
+            return 0.0  # another controller may lead: ask it now
+        if self._alive_seen:  # an election is under way: look again soon
+            return min(self.failover_backoff_max_s, self._backoff_s())
+        return self._backoff_s()
+
+    def _rotate(self) -> None:
+        """Ask another controller next: etcd's leader (unless it is the one that failed), else
+        the next static URL (also after a leader reached by a redirect failed: the follower
+        that sent us there may still name it)."""
+        self._failed_url = self.url
+        self._ask_leader = self.leader is not None
+        self._index = (self._index + 1) % len(self.urls)
+        self.url = self.urls[self._index]
+
+    async def _choose_url(self) -> None:
+        """Before a poll after an error (or the first): the URL etcd's leader key names."""
+        if not self._ask_leader or self.leader is None:
+            return
+        self._ask_leader = False
+        found = await self.leader.lookup()
+        if found is None:
+            return
+        url = found.url + "/v1/table"
+        if url != self._failed_url:
+            self.url = url
+
+    def _record_error(self, exc: BaseException) -> str:
         if isinstance(exc, PullError):
             kind = exc.kind
         elif isinstance(exc, asyncio.TimeoutError):
@@ -237,8 +346,7 @@ class WeightsPuller:
         else:
             kind = "other"
         self.errors_total[kind] = self.errors_total.get(kind, 0) + 1
-        if kind in ("connect", "timeout", "http") and len(self.urls) > 1:  # try the next one
-            self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
+        self._alive_seen = self._alive_seen or getattr(exc, "alive", False)
         self._consecutive_errors += 1
         text = f"{kind}: {type(exc).__name__}: {exc}"
         if text != self.last_error:
@@ -246,6 +354,9 @@ class WeightsPuller:
                 "weights pull from %s failed, keeping the last good table: %s", self.url, text
             )
         self.last_error = text
+        if kind in _ROTATE_KINDS:  # try another controller (after the log: it names this one)
+            self._rotate()
+        return kind
 
     def _acquire_writer(self) -> bool:
         try:
@@ -261,8 +372,26 @@ class WeightsPuller:
         self.active = True
         self.last_error = None
         self.local_generation = self._writer.generation
+        self._unfence_stale()
         logger.info("weights: this worker pulls %s into %r", self.url, self.table_name)
         return True
+
+    def _unfence_stale(self) -> None:
+        """Drop the epoch fence of a table taken over long after its writer left (its epoch
+        may be another deployment's, higher than this one's controller will ever send)."""
+        assert self._writer is not None
+        if self.stale_table_max_age_s is None or self._writer.epoch is None:
+            return
+        table = describe(self.table_name)
+        if table is not None and table.age_s > self.stale_table_max_age_s:
+            logger.warning(
+                "weights: table %r is %.0f s old (epoch %d): the controller's first table "
+                "replaces it whatever its epoch",
+                self.table_name,
+                table.age_s,
+                self._writer.epoch,
+            )
+            self._writer.epoch = None
 
     async def run(self) -> None:
         """Poll forever (cancel to stop); the local table stays for its readers."""
@@ -282,14 +411,17 @@ class WeightsPuller:
                         await asyncio.sleep(self.lock_retry_s)
                         continue
                 try:
+                    await self._choose_url()
                     await self.poll_once()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # every failure keeps the last table
-                    self._record_error(exc)
-                    await asyncio.sleep(self._backoff_s())
+                    kind = self._record_error(exc)
+                    await asyncio.sleep(self._wait_s(kind))
                 else:
                     self._consecutive_errors = 0
+                    self._alive_seen = False
+                    self._failed_url = None
                     self.last_error = None
         finally:
             await self.close()
@@ -304,3 +436,17 @@ class WeightsPuller:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self.leader is not None:
+            await self.leader.close()
+
+
+def _leader_table_url(headers: Mapping[str, str], current: str) -> str:
+    """The leader's ``/v1/table`` from a follower's redirect: its ``x-fastroute-leader`` header,
+    else the ``Location`` (resolved against ``current``) without its query (ours is sent)."""
+    leader = headers.get("x-fastroute-leader")
+    if leader:
+        return leader.rstrip("/") + "/v1/table"
+    location = urljoin(current, headers.get("Location", ""))
+    if not location.startswith(("http://", "https://")):
+        raise PullError("http", f"redirect to {location!r}: not an HTTP URL", alive=True)
+    return location.split("?", 1)[0]

@@ -60,6 +60,7 @@ from prometheus_client.registry import Collector
 from fastroute.config import Config
 from fastroute.predict import FleetCalibration
 from fastroute.proxy.background.calibration_pull import CalibrationPull
+from fastroute.proxy.background.leader_lookup import EtcdLeader
 from fastroute.proxy.background.models_scrape import ModelCatalog, ModelsScraper
 from fastroute.proxy.background.puller import WeightsPuller
 from fastroute.proxy.background.reporter import Reporter
@@ -289,6 +290,16 @@ def report_url_of(config: Config) -> str | None:
     return f"http://[{host}]:{ctl.port}" if ":" in host else f"http://{host}:{ctl.port}"
 
 
+def _etcd_leader(config: Config) -> EtcdLeader | None:
+    """The leader lookup of ``proxy.etcd_urls`` (key: ``proxy.leader_key``, else the
+    ``[controller.ha]`` election key); None without etcd URLs."""
+    proxy = config.proxy
+    if not proxy.etcd_urls:
+        return None
+    key = proxy.leader_key or config.controller.ha.election_key
+    return EtcdLeader(proxy.etcd_urls, key, proxy.etcd_timeout_s)
+
+
 def install_signal_tasks(
     ctx: ProxyContext,
     config: Config,
@@ -355,6 +366,8 @@ def install_signal_tasks(
             table_name or proxy.table_name,
             fallback_urls=proxy.controller_fallback_urls,
             cluster=proxy.cluster,
+            leader=_etcd_leader(config),
+            stale_table_max_age_s=proxy.stale_table_max_age_s,
         )
     if proxy.scrape_engines:
         tasks.scraper = EngineScraper(

@@ -2,7 +2,8 @@
 
 :class:`TableWatcher` polls the table's generation and swaps in a new
 :class:`~fastroute.proxy.path.fleet.FleetState` on change, keeping the last good one on any
-error.
+error. With a :class:`~fastroute.proxy.background.start_table.StartTable`, the stale table found at
+start is not adopted (the start rule, docs/operations.md "Stale tables at proxy start").
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastroute.errors import TableError
 from fastroute.tables import TableReader
 
 if TYPE_CHECKING:
+    from fastroute.proxy.background.start_table import StartTable
     from fastroute.proxy.path.fleet import Fleet, FleetState
 
 __all__ = ["TableWatcher"]
@@ -37,6 +39,8 @@ class TableWatcher:
         when it changed).
     on_change : callable, optional
         Called with the new :class:`FleetState` after each swap.
+    start : StartTable, optional
+        The start rule's hold: the generation it rejected is skipped (no snapshot taken).
     """
 
     def __init__(
@@ -46,11 +50,13 @@ class TableWatcher:
         *,
         interval_s: float = 0.5,
         on_change: Callable[[FleetState], None] | None = None,
+        start: StartTable | None = None,
     ) -> None:
         self.fleet = fleet
         self.name = name
         self.interval_s = interval_s
         self.on_change = on_change
+        self.start = start
         self._reader: TableReader | None = None
         self._last_error: str | None = None
         self.last_generation = 0
@@ -65,6 +71,8 @@ class TableWatcher:
             generation = self._reader.generation()
             if generation == 0 or generation == self.last_generation:
                 return False
+            if self.start is not None and self.start.holds(generation):
+                return False  # the stale table found at start: capacity weights stay
             state = self.fleet.apply_snapshot(self._reader.snapshot())
         except (TableError, OSError, ValueError) as exc:
             if isinstance(exc, FileNotFoundError) and self._reader is None:
@@ -81,6 +89,8 @@ class TableWatcher:
             return False
         self._last_error = None
         self.last_generation = state.generation
+        if self.start is not None:
+            self.start.adopted(state.generation)
         logger.info("weight table %r: generation %d adopted", self.name, state.generation)
         if self.on_change is not None:
             self.on_change(state)

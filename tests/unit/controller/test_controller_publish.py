@@ -159,3 +159,27 @@ def test_wait_changed_wakes_on_a_new_generation_or_times_out(shm_name: str) -> N
             pub.close()
 
     run(main())
+
+
+def test_wait_changed_wakes_a_poller_of_another_epoch_on_the_same_generation(
+    shm_name: str,
+) -> None:
+    """A new leader's first generation can equal the old leader's that a proxy polls after: the
+    epoch tells them apart, so the parked poll answers at the first publish, not a later one."""
+    model = fleet()
+    w, sigma, flags = rows(model)
+    pub = TablePublisher(shm_name, Clock(), republish_after_s=5.0)
+
+    async def main() -> None:
+        pub.open(len(model.engine_names), len(model.classes))
+        try:
+            parked = asyncio.create_task(pub.wait_changed(1, 5.0, "3"))  # old leader: gen 1
+            await asyncio.sleep(0.01)
+            snap = await pub.publish(model, w, sigma, 0.1, {"epoch": 9}, flags)
+            pub.notify_changed()
+            assert snap.generation == 1 and await parked is snap
+            assert await pub.wait_changed(1, 0.05, "9") is None  # same table, same epoch: parks
+        finally:
+            pub.close()
+
+    run(main())
