@@ -949,7 +949,8 @@ class ControllerHaConfig(_Section):
         overrides them. Every call tries them in turn.
     lease_ttl_s : int
         Lease TTL of the election, seconds. A dead leader is replaced after at most this plus
-        one renewal interval (TTL/3), plus one period to publish; the leader renews every TTL/3
+        etcd's lease-expiry check (500 ms) plus a follower's campaign interval (TTL/10), plus
+        one period to publish; the leader renews every TTL/3
         and stops publishing TTL/4 before its lease could expire, so a stall (GC pause, blocked
         scrape, etcd leader change ~1 s) shorter than about TTL/2 costs nothing. 10 s keeps
         failover within about two default periods while absorbing multi-second stalls.

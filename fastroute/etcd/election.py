@@ -87,8 +87,9 @@ class Election:
         self.margin_s = self.ttl_s / 4 if margin_s is None else margin_s
         self.clock = clock
         self.interval_s = self.ttl_s / 3
-        #: Pause after a failed call: a tenth of the TTL, so a lease whose renewal failed
-        #: gets several more tries before its margin (at most 10 calls per TTL in an outage).
+        #: Pause after a failed call, and a follower's campaign interval: a tenth of the TTL,
+        #: so a lease whose renewal failed gets several more tries before its margin, and a
+        #: dead leader's key is taken within TTL/10 of its going (at most 10 calls per TTL).
         self.retry_s = self.ttl_s / 10
         self.history: collections.deque[LeaderRecord] = collections.deque(maxlen=HISTORY_MAX)
         self.errors_total = 0
@@ -133,11 +134,14 @@ class Election:
         self._stop.set()
 
     async def run(self) -> None:
-        """Renew the lease and campaign every ``ttl_s / 3`` (``ttl_s / 10`` after a failed
-        call) until :meth:`stop`; then resign."""
+        """Renew the lease every ``ttl_s / 3`` while leading; while following (and after a
+        failed call) renew and campaign every ``ttl_s / 10``; until :meth:`stop`, then resign."""
         try:
             while not self._stop.is_set():
-                wait_s = self.interval_s
+                # A follower campaigns every retry_s: the leader's key goes when etcd revokes
+                # its lease (checked every 500 ms by etcd's lessor), and every TTL/3 of delay
+                # here would add to the failover on top of TTL and that check.
+                wait_s = self.interval_s if self._leading_epoch is not None else self.retry_s
                 try:
                     await self.tick()
                 except EtcdError as exc:
