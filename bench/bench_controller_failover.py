@@ -340,7 +340,8 @@ def main() -> int:
         "to_proxies_s": {"median": statistics.median(to_prx), "max": max(to_prx)}
         if to_prx
         else None,
-        "bound_s": args.period_s + args.ttl_s + 0.5 + args.ttl_s / 10,  # etcd checks expiry every 0.5 s
+        # etcd revokes expired leases every 0.5 s; a follower campaigns every TTL/10
+        "bound_s": args.period_s + args.ttl_s + 0.5 + args.ttl_s / 10,
         "requests_ok": counts["ok"],
         "requests_failed": counts["failed"],
         "failures_by_kind": {k: v for k, v in counts.items() if k not in ("ok", "failed")},
