@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.baseline import BaselinePolicy, window_latency_s
-from controller.class_groups import AggregatedLP, group_classes
+from controller.class_groups import AggregatedLP
 from controller.groups import EngineGroups, regroup_rates
 from controller.health import HealthWindow
 from controller.lp import RoutingProblem
@@ -244,15 +244,13 @@ class LPPlanner:
             shed_weight=model.shed_weight,
             kappa_s=controller.kappa_s,
         )
-        across = AGGREGATE_ACROSS_PRIORITIES
-        reps = group_classes(rows, across_priorities=across).representative
-        agg_eligible = model.groups.eligible[reps]
-        inner = (
-            SiftingLP(time_limit_s=limit_s)
-            if use_sifting(agg_eligible)
-            else RoutingLP(time_limit_s=limit_s)
+        self.lp = AggregatedLP(
+            RoutingLP(time_limit_s=limit_s), across_priorities=AGGREGATE_ACROSS_PRIORITIES
         )
-        self.lp = AggregatedLP(inner, across_priorities=across)
+        # the partition is cached in the wrapper, so the first period does not hash it again
+        reps = self.lp.partition(rows).representative
+        if use_sifting(model.groups.eligible[reps]):
+            self.lp.inner = SiftingLP(time_limit_s=limit_s)
         self.kappa_s = controller.kappa_s
         self.shed_base_factor = controller.shed_base_factor
         #: The last successful LP solve, reused while a period's LP inputs are the same.
