@@ -91,7 +91,9 @@ def test_completions_json_and_stream(api: openai.OpenAI) -> None:
         )
     )
     texts = [ch.choices[0].text for ch in chunks if ch.choices]
-    assert len(texts) == 4 and all(texts)  # stream_interval 1: one token per event
+    # vLLM's output collector merges the deltas a slow consumer has not read yet (one event
+    # can carry all 4 tokens on a busy CPU), so the event count is 1..4, never more
+    assert 1 <= len(texts) <= 4 and all(texts)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
 
 
