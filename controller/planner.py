@@ -13,8 +13,9 @@ anchor its next period at what is in force.
   in a worker thread, warm, anchored at what the
   published table sends at the new forecast (:func:`controller.weights.table_anchor`); a period
   whose LP inputs equal the last successful solve's reuses its result
-  (:class:`controller.memo.SolveMemo`). Shed fractions are taken at the *live* forecast
-  (:func:`controller.weights.shed_at_demand`; the LP planned for the held one).
+  (:class:`controller.memo.SolveMemo`). Shed fractions are taken at the demand *level*
+  (:meth:`controller.demand.DemandForecaster.level`, the EWMA;
+  :func:`controller.weights.shed_at_demand`; the LP planned for the held forecast).
 * :class:`PControllerPlanner` (``mode = "p-controller"``): the legacy proportional controller
   (:class:`controller.baseline.BaselinePolicy`) on the window's latencies; never sheds.
 """
@@ -133,7 +134,7 @@ class PeriodInputs:
     demand_rps : ndarray, shape (n_classes,)
         The held forecast (what the LP plans for).
     live_demand_rps : ndarray, shape (n_classes,)
-        The live forecast (what shed fractions must admit out of).
+        The demand level, the EWMA (what shed fractions must admit out of).
     now_s : float
         Controller clock, Unix seconds.
     engine_flags : ndarray of uint8, shape (n_engines,)
@@ -270,7 +271,7 @@ class LPPlanner:
         return table_anchor(x_prev, self._demand_prev, demand_rps)
 
     async def plan(self, inputs: PeriodInputs) -> PeriodPlan:
-        """Solve (or reuse) the period's LP; shed fractions at the live forecast."""
+        """Solve (or reuse) the period's LP; shed fractions at the demand level."""
         demand = inputs.demand_rps
         anchor = self.anchor(inputs.model, demand)
         kappa_s, p0_factor = self.kappa_s, self.shed_base_factor
@@ -294,7 +295,7 @@ class LPPlanner:
             raise PlanningError.of(exc) from exc
         res, w, _, x_eng = solution
         # the LP planned for the held forecast; a shed class's fraction must admit its routed
-        # rate out of the live demand estimate (controller.weights.shed_at_demand)
+        # rate out of the demand level (controller.weights.shed_at_demand)
         sigma = shed_at_demand(res.x_rps, res.shed_rps, inputs.live_demand_rps)
         return PeriodPlan(res, w, sigma, x_eng, reused=reused)
 

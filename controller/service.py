@@ -37,7 +37,8 @@ Every ``controller.period_s`` :meth:`ControllerService.step` does, in order:
    reuses its result (:class:`controller.memo.SolveMemo`): no hand-off, no HiGHS run.
 4. **Weights**: :func:`class_weights` (fallback: eligible capacity for classes without
    allocation), :func:`engine_weights` (split ∝ capacity), :func:`validate_weights`. Shed
-   fractions from :func:`shed_at_demand` at the *live* forecast (the LP planned for the held one).
+   fractions from :func:`shed_at_demand` at the demand *level* (the EWMA; the LP planned for the
+   held forecast).
 5. **Publish** (:class:`controller.publish.TablePublisher`), only when weights, shed fractions
    or the retry ratio changed, to the local table
    ``TableWriter(table_name)`` with ``meta`` = plan id, status, objective, solve time, and the retry
@@ -437,7 +438,7 @@ class ControllerService:
         return PeriodInputs(
             model=m,
             demand_rps=self.demand(),
-            live_demand_rps=self.forecaster.forecast(m.default_rps, m.floor_rps, held=False),
+            live_demand_rps=self.forecaster.level(m.default_rps, m.floor_rps),
             now_s=now_s,
             engine_flags=self.learning.engine_flags(),
             window=self.learning.last_window,

@@ -81,7 +81,7 @@ def _forecast(
     forecaster: DemandForecaster, inp: Any, floor_rps: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Feed the window's per-class arrivals to the service's forecaster, as one report per
-    source region, and return its held and live forecasts."""
+    source region, and return its held forecast and its level."""
     start = inp.now_s - inp.period_s
     counts = np.rint(np.asarray(inp.demand_rps) * inp.period_s).astype(int)
     for region in dict.fromkeys(inp.class_sources):
@@ -103,7 +103,7 @@ def _forecast(
     forecaster.update(inp.now_s)
     n = len(inp.class_labels)
     floor = np.full(n, floor_rps)
-    return forecaster.forecast(floor, floor), forecaster.forecast(floor, floor, held=False)
+    return forecaster.forecast(floor, floor), forecaster.level(floor, floor)
 
 
 def _profiles(inp: Any) -> list[LatencyProfile]:

@@ -130,7 +130,10 @@ def test_dead_band_holds_the_forecast_through_poisson_noise() -> None:
     assert len(set(free)) > 3  # without the band the forecast chases every sample
     g = _forecaster(alpha=0.3, peak_periods=3)
     _feed(g, counts)
-    assert g.forecast(DEFAULT, FLOOR, held=False)[0] == pytest.approx(free[-1])  # live value
+    ewma = float(counts[0])
+    for n in counts[1:]:
+        ewma = 0.3 * n + 0.7 * ewma
+    assert g.level(DEFAULT, FLOOR)[0] == pytest.approx(ewma)  # the level is not held
     f = _forecaster()
     _feed(f, [100])
     assert f.last_stderr_rps[0] == pytest.approx(10.0)
@@ -191,3 +194,14 @@ def test_carry_forecast_maps_rows_by_class_key() -> None:
     new.observe(Report(1, "a", "w", now, now + 1.0, classes, []), now + 1.0)
     new.update(now + 1.0)
     assert new.forecast(np.zeros(3), np.zeros(3))[0] == pytest.approx(30.0)
+
+
+def test_level_is_the_ewma_without_the_peak() -> None:
+    """Shed fractions read the EWMA: a one-period spike lifts the forecast, not the level."""
+    f = _forecaster(alpha=0.5, peak_periods=3)
+    _feed(f, [10, 10, 40])
+    assert f.forecast(DEFAULT, FLOOR)[0] == pytest.approx(40.0)  # the peak
+    assert f.level(DEFAULT, FLOOR)[0] == pytest.approx(25.0)  # 0.5 * 40 + 0.5 * 10
+    assert f.level(DEFAULT, [30.0, 0.1, 0.1])[0] == pytest.approx(30.0)  # the floor still bounds it
+    fresh = _forecaster()
+    assert fresh.level(DEFAULT, FLOOR)[0] == pytest.approx(DEFAULT[0])  # never measured
