@@ -518,7 +518,7 @@ class PolicyConfig(_Section):
     default : str
         Policy for classes without their own: ``prefix-hrw`` (rendezvous homes of the
         prompt's prefix depths over the controller's LP weights, the shallowest home within
-        its bounded share of in-flight tokens), ``weighted-hrw`` (weighted rendezvous
+        its bounded share of queued prompt tokens), ``weighted-hrw`` (weighted rendezvous
         hashing of the routing key over the LP weights), ``round-robin``, ``least-request``,
         ``power-of-two``, ``consistent-hash``, ``cache-aware``, ``marginal-cost`` or
         ``length-heuristic`` (long prompts by in-flight prompt tokens, short ones by count).

@@ -16,7 +16,6 @@ from fastroute._core.selector cimport Selector, TreeState, _as_loads, _as_mask
 import xxhash
 
 from fastroute._core.prefix_py import (
-    AFFINITY_CACHED_FRACTION,
     DEFAULT_MAX_KEYS,
     HOT_LEAVE_RATIO,
     MAX_CANDIDATES,
@@ -37,7 +36,6 @@ if MAX_DEPTH_KEYS != _KEYS_CAP or MAX_CANDIDATES + 1 != _CANDIDATES_CAP:
 
 cdef object _xxh3 = xxhash.xxh3_64_intdigest
 cdef double _leave_ratio = HOT_LEAVE_RATIO
-cdef double _cached_fraction = AFFINITY_CACHED_FRACTION
 cdef Py_ssize_t _max_candidates = MAX_CANDIDATES
 cdef Py_ssize_t _all_keys = 1 << 30
 
@@ -376,8 +374,7 @@ cdef class PrefixPicker:
             key_depth = request.key_depth_bytes
             if depth == 0 and key_depth == 0:
                 return ranked, reason, depth  # the client's session: never cost-spilled
-            least = self._cheaper_elsewhere(selector, tree, keys, depth, out_idx[0], row,
-                                            request.prompt_tokens, load)
+            least = self._cheaper_elsewhere(selector, tree, keys, depth, out_idx[0], row, load)
             if least < 0:
                 return ranked, reason, depth
             spilled = [least]
@@ -391,7 +388,7 @@ cdef class PrefixPicker:
 
     cdef Py_ssize_t _cheaper_elsewhere(self, Selector selector, TreeState tree,
                                        const RequestKeys* keys, int64_t depth,
-                                       Py_ssize_t home, Py_ssize_t row, double prompt_tokens,
+                                       Py_ssize_t home, Py_ssize_t row,
                                        const int64_t[:] load):
         # The spec's _cheaper_elsewhere, on the tree's load chunks.
         cdef int64_t seen = depth, home_load
@@ -403,8 +400,6 @@ cdef class PrefixPicker:
                 seen = keys.depths[j]
                 break
         cdef double saving_tokens = <double>seen / self.bytes_per_token
-        if saving_tokens >= _cached_fraction * prompt_tokens:
-            return -1
         home_load = load[home]
         if <double>home_load <= saving_tokens:
             return -1

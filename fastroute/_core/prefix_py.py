@@ -29,7 +29,6 @@ import numpy as np
 import xxhash
 
 __all__ = [
-    "AFFINITY_CACHED_FRACTION",
     "DEFAULT_MAX_KEYS",
     "HOT_LEAVE_RATIO",
     "MAX_CANDIDATES",
@@ -51,15 +50,6 @@ HOT_LEAVE_RATIO = 0.5
 #: bounded fallback uses). More candidates cost one O(n) ranking each and rarely change
 #: the pick.
 MAX_CANDIDATES = 2
-
-#: A request whose estimated cached prefix is at least this fraction of its prompt stays
-#: with its home (only the c-bound moves it); below it, the request goes to the
-#: least-loaded engine when the home's extra in-flight tokens exceed the saving. The
-#: estimate is the deepest *seen* depth, and depths double, so it is low by up to 2x:
-#: 0.25 of the estimate means less than half of the prompt truly cached. In-flight tokens
-#: overstate queued work (most are contexts already prefilled), which is why the load
-#: comparison is only trusted when little is saved.
-AFFINITY_CACHED_FRACTION = 0.25
 
 #: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
 MIN_BLOCK_BYTES = 64
@@ -258,7 +248,7 @@ class PrefixPicker:
             reason = "no-prefix"
         if depth == 0 and request.key_depth_bytes == 0:
             return ranked, reason, depth  # the client's session: never cost-spilled
-        least = self._cheaper_elsewhere(selector, request, keys, depth, ranked[0], loads, mask)
+        least = self._cheaper_elsewhere(selector, request.row, keys, depth, ranked[0], loads, mask)
         if least < 0:
             return ranked, reason, depth
         return [least, *(i for i in ranked if i != least)][:k], "cost-spill", -1
@@ -266,20 +256,21 @@ class PrefixPicker:
     def _cheaper_elsewhere(
         self,
         selector: Any,
-        request: Any,
+        row: int,
         keys: list[tuple[int, int]],
         depth: int,
         home: int,
         loads: Any,
         mask: np.ndarray,
     ) -> int:
-        """The least-loaded eligible engine if the request is mostly not cached at its
-        home and the home's extra load costs more tokens than the cached part saves,
-        else -1.
+        """The least-loaded eligible engine if the home's extra queue costs more prefill
+        than the home's cached prefix saves, else -1.
 
-        The saving is the deepest depth of this request the share table holds (its group
-        sent that prefix recently), at least the deciding key's depth, in tokens; the
-        extra queue is the home's in-flight tokens minus the least-loaded engine's.
+        Both sides are prompt tokens to prefill. The saving is the deepest depth of this
+        request the share table holds (its group sent that prefix recently), at least
+        the deciding key's depth; the extra queue is the home's load minus the
+        least-loaded engine's, where the load is the policy's (queued prompt tokens:
+        prefill work a new request waits behind).
         """
         seen = depth
         for d, key in reversed(keys):
@@ -289,12 +280,10 @@ class PrefixPicker:
                 seen = d
                 break
         saving_tokens = seen / self.bytes_per_token
-        if saving_tokens >= AFFINITY_CACHED_FRACTION * request.prompt_tokens:
-            return -1  # mostly cached at home: affinity wins, the c-bound guards the rest
         home_load = int(loads[home])
         if home_load <= saving_tokens:
             return -1  # no engine can be lighter by more than the saving
-        least = selector.tree_least_loaded(keys[-1][1], request.row, loads, mask)
+        least = selector.tree_least_loaded(keys[-1][1], row, loads, mask)
         if least < 0 or least == home or home_load - int(loads[least]) <= saving_tokens:
             return -1
         return least

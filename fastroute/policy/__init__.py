@@ -6,7 +6,7 @@ Registered policies (:data:`POLICIES`, built with :func:`make_policy`):
 
 ``prefix-hrw`` (default)
     rendezvous homes of the prompt's prefix depths on the controller's weights, the
-    shallowest home within its bounded share of in-flight tokens;
+    shallowest home within its bounded share of queued prompt tokens;
 ``weighted-hrw``
     weighted rendezvous hashing on the controller's weights, optional bounded-load guard;
 ``round-robin``

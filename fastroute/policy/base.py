@@ -177,6 +177,12 @@ class FleetView(Protocol):
         ``None`` if this view does not track them."""
         ...
 
+    def queued_tokens(self) -> np.ndarray | None:
+        """int64, shape (n_engines,): prompt tokens of the attempts in flight that have
+        no first token yet (the prefill queued ahead of a new request), or ``None`` if
+        this view does not track them."""
+        ...
+
 
 class StaticFleetView:
     """A concrete :class:`FleetView` over plain arrays, for the simulator and tests.
@@ -198,6 +204,9 @@ class StaticFleetView:
         In-flight requests per engine; the owner updates it in place.
     token_loads : ndarray of int64
         In-flight tokens per engine; the owner updates it in place.
+    queued_loads : ndarray of int64 or None
+        Queued prompt tokens per engine (no first token yet); None (untracked) unless
+        the owner sets it and updates it in place.
     """
 
     def __init__(
@@ -221,6 +230,7 @@ class StaticFleetView:
         self._masks: dict[int, np.ndarray] = {}
         self.loads = np.zeros(n, dtype=np.int64)
         self.token_loads = np.zeros(n, dtype=np.int64)
+        self.queued_loads: np.ndarray | None = None
         if available is not None:
             self.set_available(available)
 
@@ -264,6 +274,9 @@ class StaticFleetView:
 
     def in_flight_tokens(self) -> np.ndarray | None:
         return self.token_loads
+
+    def queued_tokens(self) -> np.ndarray | None:
+        return self.queued_loads
 
 
 class Policy(abc.ABC):

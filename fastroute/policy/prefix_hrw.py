@@ -22,29 +22,39 @@ Algorithm
        request is routed by the shallowest depth key that is not hot (the deepest key if
        all are), so a hot prefix (one system prompt for everybody, one RAG document)
        spreads over the homes of its sub-groups, each of which stays together.
-    2. **Load bound.** Over the row's eligible engines ``E`` with LP weights ``w`` and
-       in-flight tokens ``L`` (prompt + output budget of every attempt in flight from
-       this host, all workers: the shared stats block), an engine is within bound iff
-       ``L_e / Σ_E L <= c · w_e / Σ_E w``. The request goes to the first key's home that
-       is within bound, trying the candidate keys in order; if none is, to the first
-       within-bound engines of the last key's ranking (at least a ``1 - 1/c`` share of
-       the weight is within bound, so this walk is short; it stops after
+    2. **Load bound.** The load ``L_e`` of an engine is its **queued prompt tokens**: the
+       prompts of the attempts in flight to it from this host (all workers: the shared
+       stats block) that have not produced their first token (or, for a JSON answer,
+       ended) yet, the prefill a new request waits behind; a view that does not track
+       them gives in-flight tokens (prompt + output budget), else in-flight requests.
+       Over the row's eligible engines ``E`` with LP weights ``w``, an engine is within
+       bound iff ``L_e / Σ_E L <= c · w_e / Σ_E w``. The request goes to the first key's
+       home that is within bound, trying the candidate keys in order; if none is, to the
+       first within-bound engines of the last key's ranking (at least a ``1 - 1/c`` share
+       of the weight is within bound, so this walk is short; it stops after
        ``WALK_CAP = 64`` positions). The failover ranking is the ranking of the key that
        decided (``Selector.tree_rank_prefix``). ``L_e`` is read live; ``Σ_E L`` is kept
        in chunks of 256 engines of which one is re-read per decision (exact up to 256
        engines; at ``n`` engines at most ``n / 256`` decisions old). Its relative error
-       is the in-flight change over that many of this worker's decisions against what is
-       in flight: about 2 · 39 · workers requests in 10,000 busy engines' tens of
-       thousands, a few per mille, where the bound tolerates a 100 % excess at ``c = 2``;
-       large only on a nearly idle fleet, where a low total spills a few requests early.
-    3. **Cost spill.** Affinity is worth the prefill it saves. The saving is estimated as
-       the deepest depth of this request that the share estimate has seen (at least the
-       deciding key's depth), in tokens. If that is under
-       :data:`AFFINITY_CACHED_FRACTION` of the prompt and the home holds more in-flight
-       tokens than the least-loaded eligible engine by more than the saving, the request
-       goes to the least-loaded engine (reason ``"cost-spill"``): unshared long prompts
-       are balanced like ``least-request``, cached ones stay home. A session id the client
-       declared is never cost-spilled.
+       is the load change over that many of this worker's decisions against the total:
+       a few per mille on 10,000 busy engines, where the bound tolerates a 100 % excess
+       at ``c = 2``; large only on a nearly idle fleet, where a low total spills a few
+       requests early.
+       Why queued prompts and not in-flight tokens: a decoding context costs a new
+       request one slot in the batch, a queued prompt costs it that prompt's whole
+       prefill before its first token. In-flight tokens count a long decode as if it
+       were queued prefill, so a cached home looked loaded when it was not and a busy
+       one looked light (docs/fleet-benchmark.md, "Load in queued prompt tokens").
+    3. **Cost spill.** Affinity is worth the prefill it saves, and a queue costs the
+       prefill queued ahead: both are prompt tokens. The saving is estimated as the
+       deepest depth of this request that the share estimate has seen (at least the
+       deciding key's depth), in tokens; if the home's load exceeds the least-loaded
+       eligible engine's by more than that, the request goes to the least-loaded engine
+       (reason ``"cost-spill"``): unshared long prompts are balanced like
+       ``least-request`` on queued work, cached ones stay home while their queue is
+       worth it. A session id the client declared is never cost-spilled. (This rule has
+       no tunable: until 2026-12-03 it applied only to requests whose saving was under a
+       quarter of the prompt, because in-flight tokens overstated the queue.)
 
 Why shallowest first
     The shallowest group is the largest set of requests sharing a prefix, so routing by
@@ -73,9 +83,11 @@ Tunables
         The deepest depth read. Depths double, so this is ``log2(prefix_bytes/block)+1``
         keys (7 by default) and about ``2 · prefix_bytes`` bytes hashed in the worst case.
     ``balance_factor`` : float >= 1, dimensionless; default 2.0. ``c`` of rule 2: how far
-        above its LP share of the in-flight tokens an engine may go. Tighter bounds spill
-        conversations away from their cache on ordinary fluctuations (1.25 cost 8 points
-        of prefix hits on multi-turn chat); 1.5–3 move the families' goodput by < 0.5 %.
+        above its LP share of the queued prompt tokens an engine may go. Tighter bounds
+        spill conversations away from their cache on ordinary fluctuations (1.25 cost 8
+        points of prefix hits on multi-turn chat, measured on in-flight tokens); over the
+        simulator's family matrix, c = 1.5, 2, 3 give goodput within 1 % of each other
+        (geometric mean over 32 cells; docs/fleet-benchmark.md).
     ``hot_share_factor`` : float > 0, dimensionless; default 0.5. ``h`` of rule 1: a group
         keeps one engine only while it leaves at least half of that engine's share to the
         other groups that hash there (at ``h = 1`` a tenant with exactly one engine's share
@@ -117,11 +129,10 @@ Cost per request
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from fastroute._core import PrefixPicker
 from fastroute._core.prefix_py import (
-    AFFINITY_CACHED_FRACTION,
     HOT_LEAVE_RATIO,
     MAX_CANDIDATES,
     MAX_DEPTH_KEYS,
@@ -140,7 +151,6 @@ from fastroute.policy.base import (
 from fastroute.tokens import BYTES_PER_TOKEN
 
 __all__ = [
-    "AFFINITY_CACHED_FRACTION",
     "HOT_LEAVE_RATIO",
     "MAX_CANDIDATES",
     "MIN_BLOCK_BYTES",
@@ -152,6 +162,17 @@ _ORDERS = ("shallow", "deep")
 #: Deepest ``prefix_bytes / block_bytes`` (exclusive): the compiled core keeps at most
 #: :data:`~fastroute._core.prefix_py.MAX_DEPTH_KEYS` keys per request.
 _MAX_DEPTH_RATIO = 1 << (MAX_DEPTH_KEYS - 2)
+
+
+def _prefill_loads(view: FleetView) -> Any:
+    """The loads the bound and the spill compare: queued prompt tokens where the view
+    tracks them, else in-flight tokens, else in-flight requests."""
+    loads = view.queued_tokens()
+    if loads is None:
+        loads = view.in_flight_tokens()
+    if loads is None:
+        loads = view.in_flight()
+    return loads
 
 
 class PrefixHRW(Policy):
@@ -244,9 +265,7 @@ class PrefixHRW(Policy):
 
     def choose(self, request: RouteRequest, view: FleetView, k: int = DEFAULT_K) -> Decision:
         check_k(k)
-        loads = view.in_flight_tokens()
-        if loads is None:
-            loads = view.in_flight()
+        loads = _prefill_loads(view)
         ranked, reason, depth = self._picker.choose(
             view.selector, request, view.eligible(request.row), loads, k
         )

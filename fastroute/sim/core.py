@@ -54,7 +54,7 @@ from fastroute.predict.calibration import datasheet_profile
 from fastroute.predict.step_time import NominalStepTimes
 from fastroute.sim.capacity import idle_latencies, request_shapes, saturation_capacity_rps
 from fastroute.sim.control import ControlInput, ControlOutput, EngineWindow, Optimiser
-from fastroute.sim.fleet import DataPlane, SimEngine, engine_load
+from fastroute.sim.fleet import DataPlane, SimEngine, engine_load, new_shared_loads
 from fastroute.sim.hedging import HedgeDelays
 from fastroute.sim.records import RequestRecord
 from fastroute.sim.scenario import Scenario, ScenarioError
@@ -196,6 +196,7 @@ class _Attempt:
         "prefill_cached",
         "decode_route",
         "cancelled",
+        "queued",
     )
 
 
@@ -539,7 +540,7 @@ class Simulator:
         for r in self.regions:
             proxies = self.proxies_by_region[r] = []
             for _ in range(cfg.proxies):
-                shared = (np.zeros(n_e, dtype=np.int64), np.zeros(n_e, dtype=np.int64))
+                shared = new_shared_loads(n_e)
                 workers = []
                 for _ in range(cfg.workers):
                     i = len(self.dataplanes)
@@ -793,6 +794,7 @@ class Simulator:
                 self._push(end + back, K_RESPONSE, att, Outcome.HTTP_5XX)
             elif att.phase == "mixed" or att.phase == "decode":
                 att.first_token_s = end
+                self._prefilled(att)
                 if att.req.legs is not None:  # a race: decided when the token lands
                     self._push(end, K_HEDGE, att, True)
                 mix = att.req.sess.dp.interleave
@@ -900,8 +902,17 @@ class Simulator:
             self._kick(d, t)
             self._push(t + back, K_RESPONSE, att, fail)
 
+    @staticmethod
+    def _prefilled(att: _Attempt) -> None:
+        """The attempt's prompt is no longer queued on its first engine (its first
+        token, its prefill's answer, or its end)."""
+        if att.queued:
+            att.req.sess.dp.prefilled(att.engine, att.queued)
+            att.queued = 0
+
     def _release_prefill(self, att: _Attempt, ok: bool) -> None:
         """The attempt's first engine (prefill, or the whole request) is done with it."""
+        self._prefilled(att)
         if not att.p_open:
             return
         att.p_open = False
@@ -1203,6 +1214,7 @@ class Simulator:
         att.prefill_cached = 0
         att.decode_route = droute
         att.cancelled = False
+        att.queued = req.prompt.num_tokens
         if req.legs is not None:
             req.legs.append(att)
         if att.n == 0 and self.hedges is not None and decode < 0:
@@ -1215,7 +1227,7 @@ class Simulator:
         req.attempts += 1
         req.tried = (*req.tried, engine)
         e = self.engines[engine]
-        dp.routed(req.route, engine, req.prompt.num_tokens + req.max_tokens)
+        dp.routed(req.route, engine, req.prompt.num_tokens + req.max_tokens, att.queued)
         if self._cut(dp.region, e.region):
             self._push(t + dp.config.connect_timeout_s, K_RESPONSE, att, Outcome.TIMEOUT)
             return

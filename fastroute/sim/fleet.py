@@ -32,7 +32,7 @@ from fastroute.policy.marginal import (
 from fastroute.predict.interleave import PrefillInterleave
 from fastroute.sim.scenario import DataPlaneConfig
 
-__all__ = ["SimEngine", "DataPlane", "engine_load", "STATE_POLICIES"]
+__all__ = ["SimEngine", "DataPlane", "engine_load", "new_shared_loads", "STATE_POLICIES"]
 
 #: Policies that read per-engine load (an :class:`~fastroute.policy.marginal.EngineState`);
 #: the simulator fills the state before each of their decisions.
@@ -191,6 +191,16 @@ class SimEngine:
         )
 
 
+def new_shared_loads(n_engines: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Zeroed in-flight (requests, tokens, queued prompt tokens) arrays for the workers
+    of one proxy."""
+    return (
+        np.zeros(n_engines, dtype=np.int64),
+        np.zeros(n_engines, dtype=np.int64),
+        np.zeros(n_engines, dtype=np.int64),
+    )
+
+
 class DataPlane:
     """One region's router, made of the proxy's own policy and guard objects.
 
@@ -215,9 +225,9 @@ class DataPlane:
         Index into ``type_names`` per engine.
     policy_extra : dict
         Constructor arguments the simulator adds to ``config.policy_params``.
-    shared_loads : tuple of two ndarray, optional
-        In-flight (requests, tokens) per engine shared with the other workers of the
-        same proxy (default: this data plane's own).
+    shared_loads : tuple of three ndarray, optional
+        In-flight (requests, tokens, queued prompt tokens) per engine shared with the
+        other workers of the same proxy (default: this data plane's own).
 
     Attributes
     ----------
@@ -239,7 +249,7 @@ class DataPlane:
         type_names: tuple[str, ...] = ("a40",),
         engine_types: list[int] | None = None,
         policy_extra: dict[str, Any] | None = None,
-        shared_loads: tuple[np.ndarray, np.ndarray] | None = None,
+        shared_loads: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> None:
         self.index = index
         self.region = region
@@ -271,8 +281,8 @@ class DataPlane:
         if engine_types is not None:
             self.state.column("engine_type")[:] = engine_types
         if shared_loads is None:
-            shared_loads = (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
-        self.loads, self.token_loads = shared_loads
+            shared_loads = new_shared_loads(n)
+        self.loads, self.token_loads, self.queued_loads = shared_loads
         self.view = self._make_view(weights)
         self.shed_fraction = np.zeros(weights.shape[0])
         self.table_version = 0
@@ -317,13 +327,22 @@ class DataPlane:
             # The owner updates these arrays in place; keep them across tables.
             view.loads = self.loads
             view.token_loads = self.token_loads
+            view.queued_loads = self.queued_loads
         return view
 
-    def routed(self, route: RouteRequest, index: int, tokens: int) -> None:
-        """An attempt of ``tokens`` (prompt + output budget) went to engine ``index``."""
+    def routed(self, route: RouteRequest, index: int, tokens: int, queued_tokens: int = 0) -> None:
+        """An attempt of ``tokens`` (prompt + output budget) went to engine ``index``,
+        ``queued_tokens`` of its prompt queued there until :meth:`prefilled`."""
         self.policy.on_routed(route, self.engine_ids[index])
         self.loads[index] += 1
         self.token_loads[index] += tokens
+        self.queued_loads[index] += queued_tokens
+
+    def prefilled(self, index: int, queued_tokens: int) -> None:
+        """Engine ``index`` prefilled (or dropped) an attempt's ``queued_tokens``: as
+        the proxy's ``QueuedPrefill.done`` (at the engine's first token, one network hop
+        before the proxy sees it)."""
+        self.queued_loads[index] -= queued_tokens
 
     def completed(self, route: RouteRequest, index: int, tokens: int, ok: bool) -> None:
         """That attempt left engine ``index`` (``ok``: it was served)."""

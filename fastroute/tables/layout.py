@@ -53,6 +53,7 @@ __all__ = [
     "TABLE_MAGIC",
     "STATS_MAGIC",
     "LAYOUT_VERSION",
+    "STATS_LAYOUT_VERSION",
     "HEADER_SIZE",
     "GENERATION_OFFSET",
     "RETIRED_BIT",
@@ -80,8 +81,12 @@ if sys.byteorder != "little":  # the atomics access words in native order
 
 TABLE_MAGIC = int.from_bytes(b"FRTABLE\x01", "little")
 STATS_MAGIC = int.from_bytes(b"FRSTATS\x01", "little")
-#: Bumped on any incompatible change of this file.
+#: Bumped on any incompatible change of the weight table's layout.
 LAYOUT_VERSION = 1
+#: Bumped on any incompatible change of the stats block's layout (2: 128-byte slots with
+#: ``QUEUED_TOKENS``). Separate from the table's: the stats block is created and read by
+#: the processes of one host, one build, so its version never constrains a controller.
+STATS_LAYOUT_VERSION = 2
 #: One page: the header never shares a page with buffer data.
 HEADER_SIZE = 4096
 #: The generation word sits alone on its cache line.
@@ -237,12 +242,12 @@ def table_checksum(
 #      header_size u32, max_engines u32, n_engines u32, slots_offset u64
 #    engine_ids  u64[max_engines]     at HEADER_SIZE
 #    slots       STATS_SLOT_SIZE bytes per engine, at slots_offset (64-aligned), each
-#                one cache line so that workers updating different engines never
+#                two whole cache lines so that workers updating different engines never
 #                share a line; fields below, updated only with atomics.
 
 # magic, layout_version, header_size, max_engines, n_engines, slots_offset
 STATS_HEADER = struct.Struct("<QIIIIQ")
-STATS_SLOT_SIZE = 64
+STATS_SLOT_SIZE = 128
 
 
 class Counter(IntEnum):
@@ -252,6 +257,9 @@ class Counter(IntEnum):
     IN_FLIGHT_TOKENS = 8  # their prompt + expected output tokens (bounded-load work)
     REQUESTS = 16  # finished requests, total
     FAILURES = 24  # failed requests, total
+    # Prompt tokens of the attempts in flight that have not produced their first token
+    # (or whole answer) yet: the prefill work queued ahead of a new request (prefix-hrw).
+    QUEUED_TOKENS = 64
 
 
 class Ewma(IntEnum):

@@ -26,8 +26,8 @@ from fastroute.errors import (
 )
 from fastroute.tables.layout import (
     HEADER_SIZE,
-    LAYOUT_VERSION,
     STATS_HEADER,
+    STATS_LAYOUT_VERSION,
     STATS_MAGIC,
     STATS_SLOT_SIZE,
     Counter,
@@ -119,7 +119,7 @@ class StatsBlock:
                 mm,
                 0,
                 0,
-                LAYOUT_VERSION,
+                STATS_LAYOUT_VERSION,
                 HEADER_SIZE,
                 layout.max_engines,
                 ids.shape[0],
@@ -159,10 +159,10 @@ class StatsBlock:
                     f"segment {name!r} has magic {magic:#018x}, expected {STATS_MAGIC:#018x}: "
                     "it is not a fastroute stats block"
                 )
-            if version != LAYOUT_VERSION:
+            if version != STATS_LAYOUT_VERSION:
                 raise TableVersionError(
                     f"stats block {name!r} has layout version {version}; this fastroute "
-                    f"reads version {LAYOUT_VERSION}"
+                    f"reads version {STATS_LAYOUT_VERSION}"
                 )
             layout = StatsLayout(max_e)
             if header_size != HEADER_SIZE or slots_offset != layout.slots_offset or n_e > max_e:

@@ -83,7 +83,8 @@ def snapshot_and_check(
 
 
 def hammer_counters(name: str, iterations: int, out: Any) -> None:
-    """Increment shared counters ``iterations`` times; in-flight goes up and back down."""
+    """Increment shared counters ``iterations`` times; in-flight and queued tokens go up
+    and back down."""
     from fastroute.tables import Counter, StatsBlock
 
     block = StatsBlock.attach(name)
@@ -91,7 +92,9 @@ def hammer_counters(name: str, iterations: int, out: Any) -> None:
         block.add(0, Counter.IN_FLIGHT, 1)
         block.add(0, Counter.REQUESTS, 1)
         block.add(1, Counter.IN_FLIGHT_TOKENS, i % 7)
+        block.add(1, Counter.QUEUED_TOKENS, 100 + i)  # queued, then prefilled
         block.add(0, Counter.IN_FLIGHT, -1)
+        block.add(1, Counter.QUEUED_TOKENS, -(100 + i))
     block.close()
     out.put(("hammer", iterations))
 

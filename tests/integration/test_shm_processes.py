@@ -103,6 +103,8 @@ def test_concurrent_counter_updates_lose_nothing(shm_name, spawn) -> None:
     assert block.get(0, Counter.REQUESTS) == 4 * iterations
     assert block.get(0, Counter.IN_FLIGHT) == 0
     assert block.get(1, Counter.IN_FLIGHT_TOKENS) == 4 * sum(i % 7 for i in range(iterations))
+    assert block.get(1, Counter.QUEUED_TOKENS) == 0
+    assert block.column(Counter.QUEUED_TOKENS).tolist()[:2] == [0, 0]
     block.unlink()
 
 

@@ -64,8 +64,10 @@ class EngineStats:
         self._all_shared = bool(self.shared.all())
         self._column = block.column(Counter.IN_FLIGHT) if block is not None else None
         self._token_column = block.column(Counter.IN_FLIGHT_TOKENS) if block is not None else None
+        self._queued_column = block.column(Counter.QUEUED_TOKENS) if block is not None else None
         self._local_in_flight = np.zeros(n, dtype=np.int64)
         self._local_tokens = np.zeros(n, dtype=np.int64)
+        self._local_queued = np.zeros(n, dtype=np.int64)
         self._local_requests = np.zeros(n, dtype=np.int64)
         self._local_failures = np.zeros(n, dtype=np.int64)
         self._local_ewma = np.full((n, len(Ewma)), np.nan)
@@ -82,6 +84,16 @@ class EngineStats:
         else:
             self._local_in_flight[index] += delta
             self._local_tokens[index] += tokens
+
+    def add_queued(self, index: int, tokens: int) -> None:
+        """Add ``tokens`` (negative: remove) to engine ``index``'s queued prompt tokens
+        (atomic when shared)."""
+        slot = self._slot_of[index]
+        if slot >= 0:
+            assert self.block is not None
+            self.block.add(slot, Counter.QUEUED_TOKENS, tokens)
+        else:
+            self._local_queued[index] += tokens
 
     def in_flight_of(self, index: int) -> int:
         """Engine ``index``'s current in-flight count (all workers when shared)."""
@@ -108,6 +120,16 @@ class EngineStats:
         out = self._local_tokens.copy()
         if self._token_column is not None and self._shared_idx.size:
             out[self._shared_idx] = self._token_column[self._shared_slots]
+        return out
+
+    def queued_tokens(self) -> np.ndarray:
+        """A fresh int64 copy of the queued prompt tokens (attempts in flight without a
+        first token yet) in fleet order, every worker's when shared."""
+        if self._queued_column is not None and self._all_shared:
+            return self._queued_column[self._shared_slots]
+        out = self._local_queued.copy()
+        if self._queued_column is not None and self._shared_idx.size:
+            out[self._shared_idx] = self._queued_column[self._shared_slots]
         return out
 
     def record_outcome(self, index: int, outcome: Outcome) -> None:

@@ -45,12 +45,34 @@ from fastroute.proxy.path.fleet_views import LoadView, RequestView
 from fastroute.tables import TableSnapshot
 from fastroute.tables.stats import Ewma, StatsBlock
 
-__all__ = ["class_key", "FleetState", "Fleet"]
+__all__ = ["class_key", "FleetState", "Fleet", "QueuedPrefill"]
 
 if TYPE_CHECKING:
     from fastroute.proxy.path.engine_load import EngineLoad
 
 logger = logging.getLogger(__name__)
+
+
+class QueuedPrefill:
+    """An attempt's prompt tokens, counted as queued on its engine
+    (``Counter.QUEUED_TOKENS``) from its forward until its first streamed token, the end
+    of its JSON answer, or its failure, whichever comes first (:meth:`done`, idempotent).
+    """
+
+    __slots__ = ("_stats", "_index", "tokens")
+
+    def __init__(self, stats: EngineStats, index: int, tokens: int) -> None:
+        self._stats = stats
+        self._index = index
+        self.tokens = int(tokens)
+        if self.tokens:
+            stats.add_queued(index, self.tokens)
+
+    def done(self) -> None:
+        """The engine prefilled the prompt (or gave up on it): no longer queued."""
+        if self.tokens:
+            self._stats.add_queued(self._index, -self.tokens)
+            self.tokens = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -165,11 +187,14 @@ class Fleet:
         """Number of engines."""
         return len(self.engines)
 
-    def attempt_started(self, index: int, tokens: int = 0) -> None:
+    def attempt_started(self, index: int, tokens: int = 0, queued_tokens: int = 0) -> QueuedPrefill:
         """An attempt of ``tokens`` (prompt + output budget) was sent to engine ``index``:
-        in-flight + 1, in-flight tokens + ``tokens`` (host-wide when the block is shared)."""
+        in-flight + 1, in-flight tokens + ``tokens``, queued tokens + ``queued_tokens``
+        (its prompt, unless it is a P/D decode step) until the returned handle's
+        :meth:`~QueuedPrefill.done` (host-wide when the block is shared)."""
         self.stats.add_in_flight(index, 1, tokens)
         self.caps.started(index)
+        return QueuedPrefill(self.stats, index, queued_tokens)
 
     def attempt_finished(self, index: int, tokens: int = 0) -> None:
         """An attempt to engine ``index`` ended (any way): in-flight - 1; pass the

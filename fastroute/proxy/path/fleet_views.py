@@ -59,6 +59,12 @@ class RequestView:
         elsewhere the context held."""
         return self._fleet.stats.in_flight_tokens()
 
+    def queued_tokens(self) -> np.ndarray | None:
+        """Prompt tokens per engine of the attempts in flight without a first token yet,
+        every worker's when the block is shared: the prefill queued ahead of a new
+        request (:class:`~fastroute.proxy.path.fleet.QueuedPrefill`)."""
+        return self._fleet.stats.queued_tokens()
+
 
 class LoadView(RequestView):
     """A :class:`RequestView` that is also the ``marginal-cost`` policy's

@@ -124,7 +124,9 @@ class Forwarder:
         policy = strategy.policy
         policy.on_routed(route, engine_id)
         tokens = route.prompt_tokens + (route.expected_output_tokens or 0)
-        fleet.attempt_started(index, tokens)
+        # A P/D decode step's prompt arrives as KV: nothing of it queues for prefill.
+        queued = 0 if state.stage == "decode" else route.prompt_tokens
+        prefill = fleet.attempt_started(index, tokens, queued)
         tracked = strategy.admit(index, route, started, state.stage)
         ok = False
         trace = state.trace
@@ -147,7 +149,7 @@ class Forwarder:
                 if resp.status >= 400:
                     return await self.relay.upstream_error(state, resp, index, attempt)
                 if resp.content_type == "text/event-stream":
-                    result = await self.relay.stream(state, resp, index, attempt, tracked)
+                    result = await self.relay.stream(state, resp, index, attempt, tracked, prefill)
                 else:
                     try:
                         data = upstream.complete_body(resp, engine.name)  # no wait: common
@@ -166,6 +168,7 @@ class Forwarder:
                 resp.close()  # no-op once the body was read to its end
         finally:
             attempt.duration_s = loop.time() - started
+            prefill.done()
             fleet.attempt_finished(index, tokens)
             if tracked is not None:
                 strategy.release(tracked, ok, loop.time())

@@ -36,7 +36,7 @@ from fastroute.proxy.path.sse import StreamMeter
 from fastroute.tables.stats import Ewma
 
 if TYPE_CHECKING:
-    from fastroute.proxy.path.fleet import Fleet
+    from fastroute.proxy.path.fleet import Fleet, QueuedPrefill
     from fastroute.proxy.path.handler import ProxyContext
     from fastroute.proxy.path.migration import Migrator
 
@@ -63,7 +63,7 @@ class _StreamTally:
     """
 
     __slots__ = ("n_chunks", "last", "meter", "tracked", "on_first_token", "splice", "keep",
-                 "handoff_at", "index", "on_drain", "handed_off")  # fmt: skip
+                 "handoff_at", "index", "on_drain", "handed_off", "prefill")  # fmt: skip
 
     def __init__(
         self,
@@ -83,6 +83,9 @@ class _StreamTally:
         self.index = 0
         self.on_drain: Callable[[], bool] | None = None
         self.handed_off = False
+        #: The attempt's queued prompt tokens, released at the first token event (a
+        #: hedged race's loser too: its engine prefilled it either way).
+        self.prefill: QueuedPrefill | None = None
 
     def draining(self, now: float, last: bool) -> bool:
         """Hand the stream off if its engine's hand-off time passed (checked once per
@@ -110,6 +113,8 @@ class _StreamTally:
             self.last = data
         if meter.token_events != before:
             if before == 0:
+                if self.prefill is not None:
+                    self.prefill.done()
                 self.on_first_token(now)
             if self.tracked is not None:
                 self.tracked.tokens(meter.token_events - before, now)
@@ -221,12 +226,14 @@ class Relay:
         index: int,
         attempt: Attempt,
         tracked: AttemptLoad | None,
+        prefill: QueuedPrefill | None = None,
     ) -> Reply:
         """Relay an SSE body chunk by chunk; the first chunk is read before committing.
 
         TTFT is taken at the first event that carries a token, TBOT and the output
         length from :class:`~fastroute.proxy.path.sse.StreamMeter`; ``tracked``
-        (``marginal-cost`` classes) is told of the first token and every token event.
+        (``marginal-cost`` classes) is told of the first token and every token event;
+        ``prefill`` (the attempt's queued prompt tokens) is released at the first token.
         """
         ctx = self.ctx
         upstream = ctx.upstream
@@ -257,6 +264,7 @@ class Relay:
         first_at = loop.time()
         meter = state.meter_type(state.strip_usage)
         tally = _StreamTally(meter, tracked, on_first_token, migration)
+        tally.prefill = prefill
         if (
             migration is not None
             and migration.ranked is not None

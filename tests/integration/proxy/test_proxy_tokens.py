@@ -174,3 +174,32 @@ def test_an_in_stream_error_event_is_an_engine_fault_not_a_token(h: Harness) -> 
             assert failures._value.get() == 1
 
     h.run(main())
+
+
+def test_a_prompt_is_queued_until_its_first_token_not_its_progress_events(h: Harness) -> None:
+    """The stats block's queued prompt tokens (prefix-hrw's load): a stream's prompt
+    leaves them at its first token event, not at the llama.cpp progress events before
+    it, while the stream stays in flight; a JSON answer's at its end."""
+
+    async def main() -> None:
+        async with h.proxy_stack(1, engine_options={"kind": "llamacpp"}) as st:
+            stats = st.ctx.fleet.stats
+            body = h.chat_body(
+                "x " * 3000, stream=True, max_tokens=400, ignore_eos=True, return_progress=True
+            )
+            async with aiohttp.ClientSession() as s:
+                async with s.post(st.url + "/v1/chat/completions", json=body) as resp:
+                    async for raw in resp.content:
+                        line = raw.strip()
+                        if line.startswith(b"data: {") and has_token(json.loads(line[6:])):
+                            break
+                    assert stats.queued_tokens().tolist() == [0]
+                    assert stats.in_flight_tokens()[0] > 400  # still streaming: prompt + budget
+                plain = h.chat_body("x " * 500, max_tokens=2)
+                async with s.post(st.url + "/v1/chat/completions", json=plain) as resp:
+                    assert resp.status == 200
+            await h.wait_until(lambda: stats.in_flight().tolist() == [0], timeout=5.0)
+            assert stats.queued_tokens().tolist() == [0]
+            assert stats.in_flight_tokens().tolist() == [0]
+
+    h.run(main())

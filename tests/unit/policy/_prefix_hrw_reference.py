@@ -7,6 +7,11 @@ Re-recorded once, deliberately (2026-12-02, issue 20 "decision cost"): the ranki
 the selector's hierarchical rendezvous (``tree_rank_prefix``, ``tree_least_loaded``;
 ``fastroute/_core/selector_tree.py``) instead of flat rendezvous, so that a decision
 costs O(log n) at 10,000 engines; everything else is as frozen.
+
+Re-recorded a second time, deliberately (2026-12-03, issue 20 "default policy"): the loads
+are the view's queued prompt tokens where it tracks them, and the cost spill compares the
+home's extra queue with the saving for every request (the ``AFFINITY_CACHED_FRACTION``
+gate, which only existed because in-flight tokens overstated the queue, is gone).
 """
 
 from __future__ import annotations
@@ -131,15 +136,6 @@ HOT_LEAVE_RATIO = 0.5
 #: the pick.
 MAX_CANDIDATES = 2
 
-#: A request whose estimated cached prefix is at least this fraction of its prompt stays
-#: with its home (only the c-bound moves it); below it, the request goes to the
-#: least-loaded engine when the home's extra in-flight tokens exceed the saving. The
-#: estimate is the deepest *seen* depth, and depths double, so it is low by up to 2x:
-#: 0.25 of the estimate means less than half of the prompt truly cached. In-flight tokens
-#: overstate queued work (most are contexts already prefilled), which is why the load
-#: comparison is only trusted when little is saved.
-AFFINITY_CACHED_FRACTION = 0.25
-
 #: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
 MIN_BLOCK_BYTES = 64
 
@@ -246,7 +242,9 @@ class ReferencePrefixHRW(Policy):
         self._last = (request, [h for _, h in keys])
         mask = view.eligible(request.row)
         candidates = self._candidates(keys, mask)
-        loads = view.in_flight_tokens()
+        loads = view.queued_tokens()
+        if loads is None:
+            loads = view.in_flight_tokens()
         if loads is None:
             loads = view.in_flight()
         ranked, used = view.selector.tree_rank_prefix(
@@ -298,8 +296,6 @@ class ReferencePrefixHRW(Policy):
                 seen = d
                 break
         saving_tokens = seen / BYTES_PER_TOKEN
-        if saving_tokens >= AFFINITY_CACHED_FRACTION * request.prompt_tokens:
-            return -1  # mostly cached at home: affinity wins, the c-bound guards the rest
         home_load = int(loads[home])
         if home_load <= saving_tokens:
             return -1  # no engine can be lighter by more than the saving

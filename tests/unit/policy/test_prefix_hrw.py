@@ -133,3 +133,46 @@ def test_a_hot_group_spreads_by_its_sub_groups_which_stay_whole() -> None:
             assert decision.scores[0] == 4096.0  # the conversation's depth, not 512..2048
     assert all(len(e) == 1 for e in engines.values())
     assert len(set().union(*engines.values())) >= 7
+
+
+def _queued_view(n: int = 4) -> StaticFleetView:
+    view = _view(n)
+    view.queued_loads = np.zeros(n, dtype=np.int64)
+    return view
+
+
+def test_the_load_is_the_queued_prefill_when_the_view_tracks_it() -> None:
+    """Decoding contexts (in-flight tokens) do not delay a new request's prefill; the
+    prompts queued ahead of it do."""
+    view, policy = _queued_view(), PrefixHRW(balance_factor=1.0)
+    prefix = _text(21, 600)
+    home = policy.choose(_request(prefix, tokens=150), view).chosen
+    view.token_loads[:] = 10
+    view.token_loads[home] = 10**6  # long decodes in flight, nothing queued
+    assert policy.choose(_request(prefix, tokens=150), view).chosen == home
+    view.queued_loads[:] = 10
+    view.queued_loads[home] = 10**6
+    assert policy.choose(_request(prefix, tokens=150), view).chosen != home
+
+
+def test_the_cost_spill_weighs_the_homes_extra_queue_against_the_cached_prefix() -> None:
+    """The saving is the deepest depth of the request the share table has seen: here the
+    first request observed the depths through 2048 bytes (512 tokens), not 4096.
+    The request stays home while the home's extra queue is under that saving, and goes to
+    the least-loaded engine once it is over, whatever fraction of the prompt it is."""
+    view, policy = _queued_view(), PrefixHRW(balance_factor=100.0)
+    prefix = _text(22, 4200)  # depths 512 .. 4096
+    request = _request(prefix, tokens=1100)
+    first = policy.choose(request, view)
+    policy.on_routed(request, first.engine_ids[0])
+    assert [policy.hot.share(h) > 0 for _, h in policy.keys(request)] == [True] * 3 + [False]
+    home = first.chosen
+    least = (home + 1) % 4
+    view.queued_loads[:] = 5000
+    view.queued_loads[least] = 0
+    view.queued_loads[home] = 400  # 400 more than the least-loaded: under 512 saved
+    decision = policy.choose(request, view)
+    assert (decision.chosen, decision.reason) == (home, "prefix-home")
+    view.queued_loads[home] = 600  # 600 more: the queue costs more than the cache saves
+    decision = policy.choose(request, view)
+    assert (decision.chosen, decision.reason) == (least, "cost-spill")

@@ -280,3 +280,32 @@ def test_mid_stream_migration_keeps_the_first_token_and_costs_a_recomputed_prefi
         assert 0 < r.migrated_tokens < r.output_tokens
         assert r.first_token_s < 10.0 < w.first_token_s  # the client had its first token
         assert r.attempts == w.attempts == 2
+
+
+@pytest.mark.parametrize("hedge", [False, True])
+def test_queued_prompt_tokens_are_released_once_per_attempt(small, monkeypatch, hedge):
+    """Every attempt's queued prompt leaves its engine's count exactly once (first token,
+    P/D answer, failure or a hedge's cancellation): after a run with a crash, errors and
+    (optionally) hedged races every count is back at 0, and it was not 0 meanwhile."""
+    peak = [0]
+    prefilled = DataPlane.prefilled
+
+    def watch(self, index, queued_tokens):
+        peak[0] = max(peak[0], int(self.queued_loads.max()))
+        prefilled(self, index, queued_tokens)
+
+    monkeypatch.setattr(DataPlane, "prefilled", watch)
+    scenario = small(
+        faults=[
+            {"kind": "crash", "engines": ["eu-h100-0"], "start_s": 5.0, "duration_s": 10.0},
+            {"kind": "errors", "engines": ["us-h100"], "start_s": 5.0, "error_rate": 0.3},
+            {"kind": "slowdown", "engines": ["us-h100-1"], "start_s": 0.0, "factor": 3.0},
+        ],
+        dataplane={"hedge": hedge, "workers": 2},
+    )
+    sim = Simulator(scenario, seed=2)
+    sim.run()
+    assert peak[0] > 0
+    for dp in sim.dataplanes:
+        assert dp.queued_loads.tolist() == [0] * len(dp.queued_loads)
+        assert dp.view.queued_tokens() is dp.queued_loads

@@ -38,6 +38,25 @@ def test_attempts_add_and_remove_their_prompt_tokens() -> None:
     assert view.in_flight_tokens().tolist() == [20.0, 300.0]
 
 
+def test_queued_tokens_last_until_the_prefill_is_done() -> None:
+    """An attempt's prompt counts as queued from its forward until ``done`` (its first
+    token or its end), once: a second ``done`` (first token, then the attempt's end)
+    removes nothing more."""
+    fleet = Fleet(decode_config(_CONFIG, source="test.toml"))
+    view = fleet.view(fleet.eligibility.request_mask(frozenset({"default"}), None))
+    a = fleet.attempt_started(0, 1500 + 200, 1500)
+    b = fleet.attempt_started(0, 40 + 10, 40)
+    decode_step = fleet.attempt_started(1, 300, 0)  # a P/D decode step: nothing queued
+    assert view.queued_tokens().tolist() == [1540, 0]
+    a.done()
+    a.done()
+    assert view.queued_tokens().tolist() == [40, 0]
+    assert view.in_flight_tokens().tolist() == [1750, 300]  # still in flight: decoding
+    b.done()
+    decode_step.done()
+    assert view.queued_tokens().tolist() == [0, 0]
+
+
 def test_length_heuristic_in_the_proxy_weighs_long_prompts_by_tokens() -> None:
     """A long prompt goes to the engine with fewer prompt tokens in flight although it has
     more requests in flight; a short one to the engine with fewer requests."""
