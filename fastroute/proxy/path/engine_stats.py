@@ -105,31 +105,26 @@ class EngineStats:
 
     def in_flight(self) -> np.ndarray:
         """A fresh int64 copy of the in-flight counts in fleet order."""
-        if self._column is not None and self._all_shared:
-            return self._column[self._shared_slots]  # fancy indexing: already a copy
-        out = self._local_in_flight.copy()
-        if self._column is not None and self._shared_idx.size:
-            out[self._shared_idx] = self._column[self._shared_slots]
-        return out
+        return self._gather(self._column, self._local_in_flight)
 
     def in_flight_tokens(self) -> np.ndarray:
         """A fresh int64 copy of the in-flight tokens (prompt + output budget) in fleet
         order, every worker's when shared."""
-        if self._token_column is not None and self._all_shared:
-            return self._token_column[self._shared_slots]
-        out = self._local_tokens.copy()
-        if self._token_column is not None and self._shared_idx.size:
-            out[self._shared_idx] = self._token_column[self._shared_slots]
-        return out
+        return self._gather(self._token_column, self._local_tokens)
 
     def queued_tokens(self) -> np.ndarray:
         """A fresh int64 copy of the queued prompt tokens (attempts in flight without a
         first token yet) in fleet order, every worker's when shared."""
-        if self._queued_column is not None and self._all_shared:
-            return self._queued_column[self._shared_slots]
-        out = self._local_queued.copy()
-        if self._queued_column is not None and self._shared_idx.size:
-            out[self._shared_idx] = self._queued_column[self._shared_slots]
+        return self._gather(self._queued_column, self._local_queued)
+
+    def _gather(self, column: np.ndarray | None, local: np.ndarray) -> np.ndarray:
+        """One counter in fleet order: the shared block's column where the engine has a
+        slot, this process's ``local`` array elsewhere."""
+        if column is not None and self._all_shared:
+            return column[self._shared_slots]  # fancy indexing: already a copy
+        out = local.copy()
+        if column is not None and self._shared_idx.size:
+            out[self._shared_idx] = column[self._shared_slots]
         return out
 
     def record_outcome(self, index: int, outcome: Outcome) -> None:
