@@ -184,15 +184,27 @@ def test_a_prompt_is_queued_until_its_first_token_not_its_progress_events(h: Har
     async def main() -> None:
         async with h.proxy_stack(1, engine_options={"kind": "llamacpp"}) as st:
             stats = st.ctx.fleet.stats
+            # ~5.7 k prompt tokens: about 170 ms of emulated prefill between the progress
+            # events and the first token, the margin this test reads the count in.
             body = h.chat_body(
-                "x " * 3000, stream=True, max_tokens=400, ignore_eos=True, return_progress=True
+                "x " * 9000, stream=True, max_tokens=400, ignore_eos=True, return_progress=True
             )
             async with aiohttp.ClientSession() as s:
                 async with s.post(st.url + "/v1/chat/completions", json=body) as resp:
+                    queued_at_progress = []
                     async for raw in resp.content:
                         line = raw.strip()
-                        if line.startswith(b"data: {") and has_token(json.loads(line[6:])):
+                        if not line.startswith(b"data: {"):
+                            continue
+                        event = json.loads(line[6:])
+                        if has_token(event):
                             break
+                        if "prompt_progress" in event:
+                            queued_at_progress.append(int(stats.queued_tokens()[0]))
+                    # The prompt is queued while the engine reports progress on it (its
+                    # prefill takes longer than two loopback hops), and not after its
+                    # first token.
+                    assert queued_at_progress and queued_at_progress[0] > 1000
                     assert stats.queued_tokens().tolist() == [0]
                     assert stats.in_flight_tokens()[0] > 400  # still streaming: prompt + budget
                 plain = h.chat_body("x " * 500, max_tokens=2)

@@ -304,8 +304,10 @@ def test_queued_prompt_tokens_are_released_once_per_attempt(small, monkeypatch, 
         dataplane={"hedge": hedge, "workers": 2},
     )
     sim = Simulator(scenario, seed=2)
-    sim.run()
+    records = sim.run().records
     assert peak[0] > 0
+    assert any(r.attempts > 1 for r in records)  # failed attempts were released and retried
+    assert any(r.hedged for r in records) == hedge  # and hedged races, when on
     for dp in sim.dataplanes:
         assert dp.queued_loads.tolist() == [0] * len(dp.queued_loads)
         assert dp.view.queued_tokens() is dp.queued_loads
