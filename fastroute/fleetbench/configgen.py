@@ -46,12 +46,15 @@ class ProxySettings:
         Its listen port on 127.0.0.1.
     stats_name : str
         Its shared-memory stats block (unique per proxy and run).
+    workers : int
+        ``proxy.workers``: worker processes sharing the port and the stats block.
     """
 
-    def __init__(self, cluster: str, port: int, stats_name: str) -> None:
+    def __init__(self, cluster: str, port: int, stats_name: str, workers: int = 1) -> None:
         self.cluster = cluster
         self.port = port
         self.stats_name = stats_name
+        self.workers = workers
 
 
 def render_config(
@@ -158,7 +161,7 @@ def render_config(
         "[proxy]",
         'host = "127.0.0.1"',
         f"port = {int(proxy.port)}",
-        "workers = 1",
+        f"workers = {int(proxy.workers)}",
         f"cluster = {_q(proxy.cluster)}",
         f"table_name = {_q(table_name)}",
         f"stats_name = {_q(proxy.stats_name)}",

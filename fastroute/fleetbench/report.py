@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from fastroute.fleetbench.lp_share import load_over_share
 from fastroute.fleetbench.replay import describe_mix
 from fastroute.fleetbench.runner import RouterResult, target_rps
 from fastroute.fleetbench.spec import BenchSpec
@@ -140,10 +141,12 @@ def markdown_report(
     if engines:
         lines += [
             "",
-            "Per-engine request share (engine `/metrics`) and prefix-cache hit rate:",
+            "Per-engine request share (engine `/metrics`) and prefix-cache hit rate; max/min "
+            "of the shares; the largest share / the engine's mean LP share (fastroute with "
+            "its controller):",
             "",
-            "| router | " + " | ".join(engines) + " |",
-            "|---|" + "---|" * len(engines),
+            "| router | " + " | ".join(engines) + " | max/min | served / LP share, max |",
+            "|---|" + "---|" * (len(engines) + 2),
         ]
         for r in results:
             if not r.engine_share:
@@ -152,6 +155,9 @@ def markdown_report(
                 f"{r.engine_share.get(e, 0.0) * 100:.0f}% ({_pct(r.engine_cache_hit_rate.get(e))})"
                 for e in engines
             ]
+            shares = [r.engine_share.get(e, 0.0) for e in engines]
+            spread = max(shares) / min(shares) if min(shares) > 0 else None
+            cells += [_num(spread, 2), _num(load_over_share(r.engine_share, r.lp_share), 2)]
             lines.append(f"| {r.router} | " + " | ".join(cells) + " |")
     notes = [f"- {r.router}: {r.detail}" for r in results if r.detail and r.status == "ok"]
     if notes:

@@ -74,6 +74,8 @@ class RouterPlan:
         A variant's ``hardware`` label for every engine of the config.
     hedge : bool
         A variant's ``hedge``: its classes hedge first tokens.
+    workers, proxies : int
+        A variant's ``proxy.workers`` and its proxies per source cluster.
     """
 
     name: str
@@ -84,6 +86,8 @@ class RouterPlan:
     params: Mapping[str, bool | int | float | str] | None = None
     hardware: str | None = None
     hedge: bool = False
+    workers: int = 1
+    proxies: int = 1
 
 
 def _find_executable(name: str) -> str | None:
@@ -120,6 +124,7 @@ def resolve_router(
         return RouterPlan(
             name, "fastroute", variant.policy, params=dict(variant.params),
             hardware=variant.hardware or None, hedge=variant.hedge,
+            workers=variant.workers, proxies=variant.proxies,
         )  # fmt: skip
     if name in custom:
         return RouterPlan(name, "command", None, custom[name], _check(custom[name]))

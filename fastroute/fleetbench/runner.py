@@ -35,6 +35,7 @@ import msgspec
 
 from fastroute.config import DEFAULT_POLICY_NAME
 from fastroute.fleetbench.fleet import PlannedEngine, set_fault
+from fastroute.fleetbench.lp_share import LpShareSampler
 from fastroute.fleetbench.process import ManagedProcess, ProcessDiedError, ProcessSet, free_port
 from fastroute.fleetbench.procstat import RssSampler, session_cpu_s
 from fastroute.fleetbench.routers import RouterPlan, expand_command, resolve_router
@@ -66,6 +67,9 @@ class RouterResult(msgspec.Struct, kw_only=True):
     #: request scheduled, including those aborted before their first token.
     engine_scheduled_prompt_tokens: dict[str, float] = {}
     engine_cache_hit_rate: dict[str, float | None] = {}
+    #: Each engine's mean share of the controller's LP allocation over the measured
+    #: window (fastroute with its controller only; :mod:`fastroute.fleetbench.lp_share`).
+    lp_share: dict[str, float] = {}
     cache_hit_rate: float | None = None
     router_cpu_s: float | None = None
     router_cpu_s_by_process: dict[str, float] = {}
@@ -213,8 +217,9 @@ async def _wait_chat_ready(url: str, model: str, proc: ManagedProcess) -> None:
 class _RouterRun:
     """The processes and URLs of a started router."""
 
-    urls: dict[str, str]
+    urls: dict[str, str | list[str]]
     processes: list[ManagedProcess] = field(default_factory=list)
+    controller_url: str = ""
 
 
 async def _start_router(
@@ -234,13 +239,15 @@ async def _start_router(
             policy=plan.policy or DEFAULT_POLICY_NAME, policy_params=plan.params,
             hardware=plan.hardware, hedge=plan.hedge,
             period_s=spec.controller_period_s, controller_enabled=spec.controller, slo_s=slo,
+            workers=plan.workers, proxies_per_source=plan.proxies,
         )  # fmt: skip
-        urls = await stack.start()
-        for source, url in urls.items():
-            await _wait_chat_ready(url, model, stack.proxies[source])
-        return _RouterRun(urls, stack.processes)
+        await stack.start()
+        for name, proc in stack.proxies.items():
+            await _wait_chat_ready(stack.proxy_url(name), model, proc)
+        return _RouterRun(dict(stack.source_urls), stack.processes, stack.controller_url)
     assert plan.template is not None
     run = _RouterRun({})
+    started: list[tuple[ManagedProcess, str]] = []
     for source in sources:
         port = free_port()
         cmd = expand_command(
@@ -250,8 +257,9 @@ async def _start_router(
         safe = "".join(c if c.isalnum() else "-" for c in plan.name)
         proc = procs.start(f"{safe}-{source}", cmd)
         run.processes.append(proc)
-        run.urls[source] = f"http://127.0.0.1:{port}"
-    for proc, url in zip(run.processes, run.urls.values(), strict=True):
+        run.urls[source] = url = f"http://127.0.0.1:{port}"
+        started.append((proc, url))
+    for proc, url in started:
         await _wait_chat_ready(url, model, proc)
     return run
 
@@ -282,7 +290,10 @@ async def _faults(spec: BenchSpec, engines: Sequence[PlannedEngine], log: list[s
 
 
 async def _overhead(
-    spec: BenchSpec, engines: Sequence[PlannedEngine], urls: dict[str, str], result: RouterResult
+    spec: BenchSpec,
+    engines: Sequence[PlannedEngine],
+    urls: dict[str, str | list[str]],
+    result: RouterResult,
 ) -> None:
     n = spec.overhead_requests
     if n == 0:
@@ -354,11 +365,15 @@ async def run_router(
         samplers = [RssSampler(p.pid) for p in router.processes]
         start: dict[str, Any] = {}
 
+        lp = LpShareSampler(router.controller_url, spec.controller_period_s)
+
         async def window_start() -> None:
             # The measured window starts after the warm-up: counters are taken there.
             await asyncio.sleep(warmup)
             start["cpu"] = _cpu(router.processes)
             start["engines"] = await scrape_engines(urls)
+            if router.controller_url:
+                lp.start()
 
         if warmup == 0:
             await window_start()
@@ -382,6 +397,7 @@ async def run_router(
                 start.setdefault("cpu", _cpu(router.processes))
                 start.setdefault("engines", {})
             cpu1 = _cpu(router.processes)
+            result.lp_share = lp.stop()
         after = await scrape_engines(urls)
         window = [r for r in drive.records if r.sent_at_s >= warmup]
         if records_out is not None:

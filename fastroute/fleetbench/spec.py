@@ -141,12 +141,20 @@ class FastrouteVariant(msgspec.Struct, **_OPTS):
     hedge : bool
         ``hedge = true`` on the config's classes: hedged first tokens
         (docs/failure-handling.md), side by side with the same policy unhedged.
+    workers : int
+        ``proxy.workers`` of each proxy (1–16).
+    proxies : int
+        Proxies per source cluster (1–8), sharing nothing but the controller's table (as
+        on separate hosts); the client sends its requests to them in turn, request by
+        request (a stateless balancer in front), so affinity must hold across them.
     """
 
     policy: PolicyName
     params: dict[str, bool | int | float | str] = {}
     hardware: Annotated[str, msgspec.Meta(max_length=64, pattern=r"^([A-Za-z0-9._-]+)?$")] = ""
     hedge: bool = False
+    workers: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1
+    proxies: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
 
 
 class BenchSpec(msgspec.Struct, **_OPTS):

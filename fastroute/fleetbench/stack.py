@@ -68,7 +68,7 @@ async def start_fleet(
 
 @dataclass
 class FastrouteStack:
-    """fastroute over a running fleet: the controller and one proxy per source cluster.
+    """fastroute over a running fleet: the controller and the proxies of each source cluster.
 
     Parameters
     ----------
@@ -99,6 +99,11 @@ class FastrouteStack:
         shed (the simulator's ``optimiser = "static"``).
     slo_s : mapping, optional
         Model → (TTFT, TBOT) SLO seconds (config classes).
+    workers : int
+        ``proxy.workers`` of every proxy.
+    proxies_per_source : int
+        Proxies per source cluster, each with its own port and stats block and nothing
+        shared but the controller's table (as on separate hosts).
     log_level : str
         ``--log-level`` of the children.
     edit_config : callable, optional
@@ -118,13 +123,18 @@ class FastrouteStack:
     period_s: float = 5.0
     controller_enabled: bool = True
     slo_s: Mapping[str, tuple[float, float]] | None = None
+    workers: int = 1
+    proxies_per_source: int = 1
     log_level: str = "WARNING"
     edit_config: Callable[[str], str] | None = None
     controller: ManagedProcess | None = None
     proxies: dict[str, ManagedProcess] = field(default_factory=dict)
     proxy_urls: dict[str, str] = field(default_factory=dict)
+    #: Every proxy's base URL per source cluster (``proxy_urls`` holds the first).
+    source_urls: dict[str, list[str]] = field(default_factory=dict)
     controller_url: str = ""
     config_paths: dict[str, Path] = field(default_factory=dict)
+    _urls: dict[str, str] = field(default_factory=dict)
 
     @property
     def table_name(self) -> str:
@@ -136,7 +146,7 @@ class FastrouteStack:
 
     async def start(self) -> dict[str, str]:
         """Write the configs, start the controller (if enabled) then the proxies; return
-        source → URL.
+        source → URL of its first proxy (:attr:`source_urls` has them all).
 
         The controller starts first and must publish before any proxy starts: a proxy's
         weights puller would otherwise take the table's writer lock.
@@ -151,50 +161,60 @@ class FastrouteStack:
         if self.controller_enabled:
             self.controller_url = f"http://127.0.0.1:{controller_port}"
         for index, source in enumerate(self.sources):
-            settings = ProxySettings(source, free_port(), f"{self.shm_prefix}-stats-{index}")
-            text = render_config(
-                self.fleet,
-                self.engines,
-                settings,
-                table_name=self.table_name,
-                controller_port=controller_port,
-                controller_url=self.controller_url or None,
-                policy=self.policy,
-                policy_params=self.policy_params,
-                hardware=self.hardware,
-                hedge=self.hedge,
-                period_s=self.period_s,
-                slo_s=self.slo_s,
-            )
-            if self.edit_config is not None:  # e.g. tenants for bench_tenant_limits
-                text = self.edit_config(text)
-            path = self.run_dir / f"fastroute-{source}.toml"
-            path.write_text(text)
-            self.config_paths[source] = path
-            self.proxy_urls[source] = f"http://127.0.0.1:{settings.port}"
+            for copy in range(self.proxies_per_source):
+                self._write_config(index, source, copy, controller_port)
         if self.controller_enabled:
-            first = self.config_paths[self.sources[0]]
+            first = next(iter(self.config_paths.values()))
             self.controller = self.procs.start(
                 "controller", self._cmd("controller", "--config", str(first))
             )
             await wait_http_ok(
                 self.controller_url + "/health", timeout_s=READY_TIMEOUT_S, process=self.controller
             )
-        for source in self.sources:
-            self.proxies[source] = self.procs.start(
-                f"proxy-{source}", self._cmd("serve", "--config", str(self.config_paths[source]))
+        for name, path in self.config_paths.items():
+            self.proxies[name] = self.procs.start(
+                f"proxy-{name}", self._cmd("serve", "--config", str(path))
             )
         await asyncio.gather(
             *(
-                wait_http_ok(
-                    self.proxy_urls[s] + "/ready",
-                    timeout_s=READY_TIMEOUT_S,
-                    process=self.proxies[s],
-                )
-                for s in self.sources
+                wait_http_ok(self._urls[name] + "/ready", timeout_s=READY_TIMEOUT_S, process=proc)
+                for name, proc in self.proxies.items()
             )
         )
         return dict(self.proxy_urls)
+
+    def _write_config(self, index: int, source: str, copy: int, controller_port: int) -> None:
+        # one proxy: "<source>" alone, "<source>-<copy>" when a source has several
+        name = source if self.proxies_per_source == 1 else f"{source}-{copy}"
+        stats = f"{self.shm_prefix}-stats-{index}" + ("" if copy == 0 else f"-{copy}")
+        settings = ProxySettings(source, free_port(), stats, workers=self.workers)
+        text = render_config(
+            self.fleet,
+            self.engines,
+            settings,
+            table_name=self.table_name,
+            controller_port=controller_port,
+            controller_url=self.controller_url or None,
+            policy=self.policy,
+            policy_params=self.policy_params,
+            hardware=self.hardware,
+            hedge=self.hedge,
+            period_s=self.period_s,
+            slo_s=self.slo_s,
+        )
+        if self.edit_config is not None:  # e.g. tenants for bench_tenant_limits
+            text = self.edit_config(text)
+        path = self.run_dir / f"fastroute-{name}.toml"
+        path.write_text(text)
+        self.config_paths[name] = path
+        url = f"http://127.0.0.1:{settings.port}"
+        self._urls[name] = url
+        self.proxy_urls.setdefault(source, url)
+        self.source_urls.setdefault(source, []).append(url)
+
+    def proxy_url(self, name: str) -> str:
+        """The base URL of proxy ``name`` (a key of :attr:`proxies`)."""
+        return self._urls[name]
 
     @property
     def processes(self) -> list[ManagedProcess]:

@@ -168,14 +168,24 @@ class DriveResult:
     stopped_early: bool = False
 
 
+def _chat_urls(source: str, bases: str | Sequence[str]) -> tuple[str, ...]:
+    urls = (bases,) if isinstance(bases, str) else tuple(bases)
+    if not urls:
+        raise ValueError(f"source {source!r} has an empty list of target URLs")
+    return tuple(u.rstrip("/") + "/v1/chat/completions" for u in urls)
+
+
 class LoadDriver:
-    """Plays sessions against one base URL per source cluster.
+    """Plays sessions against the base URLs of each source cluster.
 
     Parameters
     ----------
-    targets : str or mapping of str to str
+    targets : str or mapping of str to str or sequence of str
         Base URL (``http://host:port``, no ``/v1``) for every source, or a mapping
-        source → base URL; the key ``"*"`` is the fallback for other sources.
+        source → base URL(s); the key ``"*"`` is the fallback for other sources. A
+        source with several URLs (several proxies behind a stateless balancer) sends
+        its requests to them in turn, request by request, so consecutive turns of one
+        session can land on different proxies.
     options : DriveOptions
     on_record : callable, optional
         Called with each finished record (e.g. live progress), on the event loop.
@@ -188,7 +198,7 @@ class LoadDriver:
 
     def __init__(
         self,
-        targets: str | Mapping[str, str],
+        targets: str | Mapping[str, str | Sequence[str]],
         options: DriveOptions | None = None,
         *,
         on_record: Callable[[RequestRecord], None] | None = None,
@@ -198,7 +208,8 @@ class LoadDriver:
             targets = {"*": targets}
         if not targets:
             raise ValueError("targets must name at least one base URL")
-        self._urls = {k: v.rstrip("/") + "/v1/chat/completions" for k, v in targets.items()}
+        self._urls = {k: _chat_urls(k, v) for k, v in targets.items()}
+        self._turn = dict.fromkeys(self._urls, 0)
         self._on_record = on_record
         self._stop = asyncio.Event()
         self._stopped_by_user = False
@@ -209,16 +220,22 @@ class LoadDriver:
         self._http: aiohttp.ClientSession | None = None
         self._encoder = msgspec.json.Encoder()
 
+    def _key(self, source: str) -> str:
+        if source in self._urls:
+            return source
+        if "*" in self._urls:
+            return "*"
+        raise KeyError(
+            f"no target URL for source cluster {source!r}; targets: {sorted(self._urls)}"
+        )
+
     def url_for(self, source: str) -> str:
-        """The chat-completions URL that requests from ``source`` go to."""
-        try:
-            return self._urls[source]
-        except KeyError:
-            if "*" in self._urls:
-                return self._urls["*"]
-            raise KeyError(
-                f"no target URL for source cluster {source!r}; targets: {sorted(self._urls)}"
-            ) from None
+        """The chat-completions URL the next request from ``source`` goes to."""
+        key = self._key(source)
+        urls = self._urls[key]
+        turn = self._turn[key]
+        self._turn[key] = turn + 1
+        return urls[turn % len(urls)]
 
     def stop(self) -> None:
         """End the run as at the deadline: no new requests, then drain."""
@@ -240,7 +257,7 @@ class LoadDriver:
         """
         sessions = list(sessions)
         for s in sessions:
-            self.url_for(s.source)
+            self._key(s.source)
         opts = self.options
         self._result = DriveResult(started_at=time.time())
         self._slots = asyncio.Semaphore(opts.max_in_flight)
@@ -349,13 +366,13 @@ class LoadDriver:
     async def _play(self, session: SessionLike) -> None:
         self._result.sessions_started += 1
         replies: list[str] = []
-        url = self.url_for(session.source)
         turns = session.turns
         for index, turn in enumerate(turns):
             if index > 0 and not await self._sleep_or_stop(turn.think_s):
                 return
             if self._exhausted():
                 return
+            url = self.url_for(session.source)
             text = await self._request(session, index, turn, url, replies)
             if text is None:
                 return

@@ -56,6 +56,11 @@ at_s = 1.0
 engine = "a40-1"
 set = {{ slowdown = 2.0 }}
 
+[fastroute_variants.split]
+policy = "prefix-hrw"
+workers = 2
+proxies = 2
+
 [router_commands.broken]
 command = ["{{python}}", "-c", "import sys; print('no such router'); sys.exit(3)"]
 
@@ -140,15 +145,16 @@ def _bench_leftovers() -> tuple[list[str], list[str]]:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_tiny_spec_end_to_end_with_failing_routers(tmp_path: Path) -> None:
-    """fastroute (and sglang-router when installed) run; broken/dying routers are reported."""
-    routers = ["fastroute", "broken", "dying"]
+    """fastroute (one proxy, and two proxies of two workers), sglang-router when installed,
+    run; broken/dying routers are reported."""
+    routers = ["fastroute", "split", "broken", "dying"]
     if importlib.util.find_spec("sglang_router") is not None:
         routers.insert(1, "sglang:round_robin")
     spec = _write(tmp_path, routers)
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "fastroute", "bench", "fleet", str(spec), "--out", str(out)],
-        capture_output=True, text=True, timeout=110,
+        capture_output=True, text=True, timeout=150,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr  # a router failed: the run says so
     doc = json.loads((out / "results.json").read_text())
@@ -163,6 +169,12 @@ def test_tiny_spec_end_to_end_with_failing_routers(tmp_path: Path) -> None:
         assert r["cache_hit_rate"] is not None and r["router_cpu_us_per_token"] > 0
         assert r["router_peak_rss_mb"] > 0 and r["overhead_added_p50_ms"] is not None
         assert "t=1 s: a40-1 {'slowdown': 2.0}" in r["detail"]  # the fault was applied
+    for name in ("fastroute", "split"):  # the LP's shares over the window, per engine
+        assert by[name]["lp_share"].keys() == {"a40-0", "a40-1"}, by[name]
+        assert abs(sum(by[name]["lp_share"].values()) - 1.0) < 1e-9
+    assert set(by["split"]["router_cpu_s_by_process"]) == {
+        "controller", "proxy-local-0", "proxy-local-1"
+    }  # fmt: skip
     assert by["broken"]["status"] == "failed to start"
     assert "no such router" in by["broken"]["detail"]
     assert by["dying"]["status"] == "died mid-run", by["dying"]

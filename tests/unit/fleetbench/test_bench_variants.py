@@ -117,3 +117,21 @@ def test_a_hedge_variant_hedges_its_classes() -> None:
         )  # fmt: skip
         (cls,) = decode_config(text, source="test").classes
         assert cls.hedge is hedge
+
+
+def test_a_variant_sets_workers_and_proxies_within_bounds() -> None:
+    import msgspec
+
+    plan = resolve_router(
+        "split", {}, {"split": FastrouteVariant(policy="prefix-hrw", workers=4, proxies=2)}
+    )
+    assert (plan.workers, plan.proxies) == (4, 2)
+    engines = plan_engines(FLEET)
+    text = render_config(
+        FLEET, engines, ProxySettings("local", 8080, "fastroute-test-stats", workers=plan.workers),
+        table_name="fastroute-test-w", controller_port=8090,
+    )  # fmt: skip
+    assert decode_config(text, source="test").proxy.workers == 4
+    for bad in ({"workers": 0}, {"workers": 17}, {"proxies": 0}, {"proxies": 9}):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert({"policy": "prefix-hrw", **bad}, FastrouteVariant)

@@ -232,6 +232,22 @@ def test_each_source_goes_to_its_own_url() -> None:
     run(main())
 
 
+def test_a_source_with_several_urls_sends_its_requests_to_them_in_turn() -> None:
+    """Several proxies behind a stateless balancer: request by request, so consecutive
+    turns of one session go to different proxies."""
+
+    async def main() -> None:
+        async with ChatServer("p-0") as p0, ChatServer("p-1") as p1:
+            driver = LoadDriver({"east": [p0.url, p1.url]}, DriveOptions(concurrency=1))
+            result = await driver.run([session("a", turns=4), session("b", turns=2)])
+            engines = [r.engine for r in sorted(result.records, key=lambda r: r.sent_at_s)]
+            assert engines == ["p-0", "p-1"] * 3
+        with pytest.raises(ValueError, match="source 'east' has an empty list"):
+            LoadDriver({"east": []})
+
+    run(main())
+
+
 def test_bad_options_are_rejected() -> None:
     with pytest.raises(ValueError, match="max_in_flight"):
         DriveOptions(max_in_flight=0)
