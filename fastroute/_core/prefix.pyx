@@ -216,6 +216,7 @@ cdef struct RequestKeys:
     uint64_t hashes[_KEYS_CAP]
     Py_ssize_t n_keys
     Py_ssize_t n_observe
+    Py_ssize_t route_at             # index of the routing key, -1 if not among them
 
 
 @cython.final
@@ -262,10 +263,13 @@ cdef class PrefixPicker:
             out.hashes[n] = _xxh3(PyMemoryView_FromMemory(data, depth, PyBUF_READ))
             n += 1
             depth *= 2
+        out.route_at = -1
         if n == 0:
             out.depths[0] = 0
             out.hashes[0] = key_hash
             n = 1
+            if key_depth == 0:
+                out.route_at = 0
         elif key_depth >= 0:
             at = 0
             while at < n and out.depths[at] <= key_depth:
@@ -275,6 +279,7 @@ cdef class PrefixPicker:
                 out.hashes[j] = out.hashes[j - 1]
             out.depths[at] = key_depth
             out.hashes[at] = key_hash
+            out.route_at = at
             n += 1
         out.n_keys = n
         out.n_observe = _all_keys
@@ -293,7 +298,15 @@ cdef class PrefixPicker:
         cdef Py_ssize_t n = keys.n_keys, j, i, c, n_chosen = 0, last = 0
         cdef Py_ssize_t step = -1 if self.deep else 1, first = n - 1 if self.deep else 0
         cdef double enter, leave
-        if n_eligible > 1 and self.hot._t >= 2 * n_eligible:
+        if n_eligible > 1 and self.hot._t < 2 * n_eligible:
+            # too few observations: the routing key, else the most specific key
+            chosen[0] = keys.route_at if keys.route_at >= 0 else n - 1
+            keys.n_observe = n if self.deep else 1 + min(n, _max_candidates)
+            if chosen[0] == n - 1:
+                return 1
+            chosen[1] = n - 1
+            return 2
+        if n_eligible > 1:
             enter = self.hot_share_factor / <double>n_eligible
             leave = enter * _leave_ratio
             for j in range(n):
@@ -359,6 +372,7 @@ cdef class PrefixPicker:
             if out_idx == NULL:
                 raise MemoryError()
         cdef Py_ssize_t m, used, least
+        cdef int64_t floor
         try:
             m = selector._tree_rank_prefix_c(tree, candidate_keys, n_chosen, row, k, load,
                                              self.balance_factor, out_idx, &used)
@@ -374,7 +388,9 @@ cdef class PrefixPicker:
             key_depth = request.key_depth_bytes
             if depth == 0 and key_depth == 0:
                 return ranked, reason, depth  # the client's session: never cost-spilled
-            least = self._cheaper_elsewhere(selector, tree, keys, depth, out_idx[0], row, load)
+            # cold: the deciding key was not chosen for its cache, so only what was observed
+            floor = 0 if tree.m > 1 and self.hot._t < 2 * tree.m else depth
+            least = self._cheaper_elsewhere(selector, tree, keys, floor, out_idx[0], row, load)
             if least < 0:
                 return ranked, reason, depth
             spilled = [least]

@@ -21,7 +21,11 @@ Algorithm
        carry (it stays hot until its share falls below half that: hysteresis). The
        request is routed by the shallowest depth key that is not hot (the deepest key if
        all are), so a hot prefix (one system prompt for everybody, one RAG document)
-       spreads over the homes of its sub-groups, each of which stays together.
+       spreads over the homes of its sub-groups, each of which stays together. Until the
+       worker has routed ``2 n`` requests no share can be told from noise: the request is
+       ranked by its routing key when that is one of its keys, else by its deepest key,
+       so that a fresh worker spreads a prefix everybody shares instead of sending it all
+       to the root's home (the share estimate observes the same keys as afterwards).
     2. **Load bound.** The load ``L_e`` of an engine is its **queued prompt tokens**: the
        prompts of the attempts in flight to it from this host (all workers: the shared
        stats block) that have not produced their first token (or, for a JSON answer,

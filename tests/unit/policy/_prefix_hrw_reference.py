@@ -12,6 +12,13 @@ Re-recorded a second time, deliberately (2026-12-03, issue 20 "default policy"):
 are the view's queued prompt tokens where it tracks them, and the cost spill compares the
 home's extra queue with the saving for every request (the ``AFFINITY_CACHED_FRACTION``
 gate, which only existed because in-flight tokens overstated the queue, is gone).
+
+Re-recorded a third time, deliberately (2026-12-03, issue 20 "default policy", the cold
+start): before 2 n observations a request is ranked by its routing key when that is one
+of its keys, else by its deepest key (no longer by its shallowest keys), so that fresh
+workers do not all send a prompt that everybody shares to one home, and the cost spill's
+saving is then only the depth the share table observed (the deciding key was not chosen for
+its cache); what ``on_routed`` observes is unchanged.
 """
 
 from __future__ import annotations
@@ -241,7 +248,7 @@ class ReferencePrefixHRW(Policy):
         keys = self.keys(request)
         self._last = (request, [h for _, h in keys])
         mask = view.eligible(request.row)
-        candidates = self._candidates(keys, mask)
+        candidates = self._candidates(keys, mask, (request.key_depth_bytes, request.key_hash))
         loads = view.queued_tokens()
         if loads is None:
             loads = view.in_flight_tokens()
@@ -261,8 +268,11 @@ class ReferencePrefixHRW(Policy):
                 reason = "no-prefix"
             declared = depth == 0 and request.key_depth_bytes == 0  # the client's session
             least = -1
+            n_eligible = int(np.count_nonzero(mask))
+            cold = n_eligible > 1 and self.hot.requests < 2 * n_eligible
             if not declared:
-                least = self._cheaper_elsewhere(request, keys, depth, ranked[0], loads, view)
+                floor = 0 if cold else depth
+                least = self._cheaper_elsewhere(request, keys, floor, ranked[0], loads, view)
             if least >= 0:
                 ranked = [least, *(i for i in ranked if i != least)][:k]
                 reason, depth = "cost-spill", -1
@@ -306,15 +316,22 @@ class ReferencePrefixHRW(Policy):
             return -1
         return least
 
-    def _candidates(self, keys: list[tuple[int, int]], mask: np.ndarray) -> list[tuple[int, int]]:
+    def _candidates(
+        self, keys: list[tuple[int, int]], mask: np.ndarray, route: tuple[int, int]
+    ) -> list[tuple[int, int]]:
         """The keys to try, in order: those of groups that are not hot (else the deepest)."""
         hot = self.hot
-        # Too few observations to tell a share from noise: nothing is hot yet.
         n_eligible = int(np.count_nonzero(mask))
         deepest, keys_by_depth = keys[-1], keys
+        if n_eligible > 1 and hot.requests < 2 * n_eligible:
+            # Too few observations to tell a share from noise: the most specific key.
+            first = route if route in keys else deepest
+            deep = self.order == "deep"
+            self._observe_upto = len(keys) if deep else min(len(keys), MAX_CANDIDATES)
+            return [first] if first == deepest else [first, deepest]
         if self.order == "deep":
             keys = keys[::-1]
-        if n_eligible > 1 and hot.requests >= 2 * n_eligible:
+        if n_eligible > 1:
             enter = self.hot_share_factor / n_eligible
             leave = enter * HOT_LEAVE_RATIO
             cold = []

@@ -34,13 +34,81 @@ def test_requests_sharing_s_bytes_share_exactly_the_depths_up_to_s() -> None:
     assert depth_keys(b"x" * 511, 512) == []
 
 
+def _warmed(policy: PrefixHRW, view: StaticFleetView, tokens: int = 1000) -> PrefixHRW:
+    """``policy`` after 4 n unrelated routed requests of ``tokens``: enough observations
+    to tell a group's share (before 2 n it routes by the most specific key alone), and
+    one more such request is not a hot group."""
+    for s in range(4 * view.selector.n_engines):
+        request = _request(_text(5000 + s, 600), tokens=tokens)
+        policy.on_routed(request, policy.choose(request, view).engine_ids[0])
+    return policy
+
+
 def test_idle_requests_sharing_the_first_block_go_home_whatever_follows() -> None:
-    view, policy = _view(), PrefixHRW()
+    view = _view()
+    policy = _warmed(PrefixHRW(), view)
     head = _text(5, 600)
     chosen = {policy.choose(_request(head + _text(s, 4000)), view).chosen for s in range(50)}
     assert len(chosen) == 1
     decision = policy.choose(_request(head + _text(99, 100)), view)
     assert decision.reason == "prefix-home" and decision.scores[0] == 512.0
+
+
+@pytest.mark.parametrize("system_bytes", [24_000, 1_500])
+def test_a_cold_worker_spreads_requests_that_share_a_root(system_bytes: int) -> None:
+    """Before 2 n observations no share can be told from noise: each request goes by its
+    most specific key (the conversation's routing key, else the deepest depth), so a
+    fresh worker does not send a prompt that everybody shares to one home (eight fresh
+    workers with one 24 kB system prompt put 79 % of a fleet benchmark's requests on
+    one of four engines)."""
+    view = _view(8)
+    policy = PrefixHRW()
+    system = _text(8, system_bytes)
+    chosen = []
+    for s in range(16):
+        prompt = system + _text(600 + s, 2600)
+        # a chat request's routing key: the messages through the first user message
+        key = (s + 1) * 7919 if system_bytes > 2000 else 1
+        depth = len(prompt) if system_bytes > 2000 else -1
+        request = RouteRequest(key_hash=key, key_depth_bytes=depth, row=0, prefix=prompt)
+        decision = policy.choose(request, view)
+        policy.on_routed(request, decision.engine_ids[0])
+        chosen.append(decision.chosen)
+        assert decision.scores[0] == (len(prompt) if depth > 0 else 4096.0)
+    assert len(set(chosen)) >= 4 and max(chosen.count(i) for i in chosen) <= 8  # not 16
+
+
+def test_a_cold_worker_keeps_a_declared_session_together() -> None:
+    """The routing key, when it is one of the keys (a session id at depth 0), decides in
+    the cold start too: one session's turns stay on one engine."""
+    view, policy = _view(8), PrefixHRW()
+    system = _text(9, 24_000)
+    chosen = set()
+    for s in range(12):
+        request = RouteRequest(
+            key_hash=77, key_depth_bytes=0, row=0, prefix=system + _text(700 + s, 600)
+        )
+        decision = policy.choose(request, view)
+        policy.on_routed(request, decision.engine_ids[0])
+        chosen.add(decision.chosen)
+        assert decision.scores[0] == 0.0
+    assert len(chosen) == 1
+
+
+def test_a_cold_worker_balances_queues_by_what_it_has_observed_only() -> None:
+    """Cold, the deciding key (here the routing key, 8.6 kB deep) was not chosen for a
+    cache: the cost spill's saving is the depth observed (nothing yet), so a request whose
+    home has a queue goes to the least-loaded engine instead of waiting for a saving that
+    nothing suggests."""
+    view, policy = _queued_view(), PrefixHRW()
+    prompt = _text(31, 8600)
+    request = RouteRequest(key_hash=99, key_depth_bytes=len(prompt), row=0, prefix=prompt)
+    home = policy.choose(request, view).chosen
+    view.queued_loads[:] = 600
+    view.queued_loads[(home + 1) % 4] = 500
+    view.queued_loads[home] = 1000  # within the bound; 500 more, under the 2150 tokens the
+    decision = policy.choose(request, view)  # routing key's depth would have claimed
+    assert (decision.reason, decision.chosen) == ("cost-spill", (home + 1) % 4)
 
 
 def test_unrelated_prefixes_spread_by_weight() -> None:
@@ -160,7 +228,8 @@ def test_the_cost_spill_weighs_the_homes_extra_queue_against_the_cached_prefix()
     first request observed the depths through 2048 bytes (512 tokens), not 4096.
     The request stays home while the home's extra queue is under that saving, and goes to
     the least-loaded engine once it is over, whatever fraction of the prompt it is."""
-    view, policy = _queued_view(), PrefixHRW(balance_factor=100.0)
+    view = _queued_view()
+    policy = _warmed(PrefixHRW(balance_factor=100.0), view)
     prefix = _text(22, 4200)  # depths 512 .. 4096
     request = _request(prefix, tokens=1100)
     first = policy.choose(request, view)
