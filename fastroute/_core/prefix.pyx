@@ -54,7 +54,7 @@ cdef int _compare_stamps(const void* a, const void* b) noexcept nogil:
 
 @cython.final
 cdef class HotKeys:
-    """Exponentially decayed per-key shares of the observed token weight (compiled).
+    """Exponentially decayed per-key shares of the observed weight (compiled).
 
     Same API and same shares as ``fastroute._core.prefix_py.HotKeys``, its spec, in an
     open-addressing table (linear probing, at most 3/4 full, no deletion but by the
@@ -183,7 +183,7 @@ cdef class HotKeys:
         return hot
 
     def observe(self, keys, double weight):
-        """One request of token weight ``weight`` (> 0) carried ``keys``."""
+        """One request of weight ``weight`` (> 0) carried ``keys``."""
         cdef Py_ssize_t j, n = len(keys)
         cdef uint64_t* buf = <uint64_t*>malloc((n if n else 1) * sizeof(uint64_t))
         if buf == NULL:
@@ -425,14 +425,14 @@ cdef class PrefixPicker:
         return least
 
     def on_routed(self, request):
-        """``request`` was sent: count its token weight for its keys' shares."""
+        """``request`` was sent: count it, one request, for its keys' shares (see the
+        spec: requests, not tokens)."""
         cdef RequestKeys fresh
         cdef RequestKeys* keys = &self._last
         if request is not self._last_request:
             self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, &fresh)
             keys = &fresh
-        weight = request.prompt_tokens + (request.expected_output_tokens or 0)
-        self.hot._observe(keys.hashes, min(keys.n_keys, keys.n_observe), float(max(weight, 1)))
+        self.hot._observe(keys.hashes, min(keys.n_keys, keys.n_observe), 1.0)
 
     def reset(self):
         """Forget every observation."""

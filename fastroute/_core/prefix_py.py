@@ -82,7 +82,7 @@ def depth_keys(prefix: bytes, block_bytes: int) -> list[tuple[int, int]]:
 
 
 class HotKeys:
-    """Exponentially decayed per-key shares of the observed token weight.
+    """Exponentially decayed per-key shares of the observed weight.
 
     Parameters
     ----------
@@ -115,7 +115,7 @@ class HotKeys:
         return len(self._counts)
 
     def observe(self, keys: Iterable[int], weight: float) -> None:
-        """One request of token weight ``weight`` (> 0) carried ``keys``."""
+        """One request of weight ``weight`` (> 0) carried ``keys``."""
         t = self._t = self._t + 1
         decay = self._decay
         self._total = self._total * decay + weight
@@ -333,15 +333,20 @@ class PrefixPicker:
         return chosen, upto
 
     def on_routed(self, request: Any) -> None:
-        """``request`` was sent: count its token weight for its keys' shares."""
+        """``request`` was sent: count it, one request, for its keys' shares.
+
+        Requests, not tokens: a request that finds its group's prefix cached costs its
+        home its own tail and decode, not the prefix, so by prompt tokens one long agent
+        session (prompts of 10-26 k tokens, mostly cached) weighed like a popular group,
+        went hot, and its later steps were routed by deeper keys, away from its cache.
+        """
         last, keys, upto = self._last
         if last is not request:
             keys = [
                 h for _, h in self.keys(request.prefix, request.key_hash, request.key_depth_bytes)
             ]
             upto = _ALL
-        weight = request.prompt_tokens + (request.expected_output_tokens or 0)
-        self.hot.observe(keys[:upto], float(max(weight, 1)))
+        self.hot.observe(keys[:upto], 1.0)
 
     def reset(self) -> None:
         """Forget every observation."""

@@ -15,10 +15,14 @@ Algorithm
     A prompt with no depth key (shorter than ``b``) uses the routing key alone.
 
     1. **Hot groups are skipped.** A group is hot when its decayed share of the recent
-       token weight (:class:`~fastroute._core.prefix_py.HotKeys`, half-life
+       requests (:class:`~fastroute._core.prefix_py.HotKeys`, half-life
        ``hot_half_life_requests``) exceeds ``h / n``, ``h = hot_share_factor`` times the
        mean engine share over the row's ``n`` eligible engines: more than its home may
-       carry (it stays hot until its share falls below half that: hysteresis). The
+       carry (it stays hot until its share falls below half that: hysteresis). Requests,
+       not tokens: a request that finds its group's prefix cached costs the home its own
+       tail and decode, not the prefix (by prompt tokens, one long agent session weighed
+       like a popular group and was split away from its cache; the queue a long uncached
+       prompt makes is the load bound's and the cost spill's business). The
        request is routed by the shallowest depth key that is not hot (the deepest key if
        all are), so a hot prefix (one system prompt for everybody, one RAG document)
        spreads over the homes of its sub-groups, each of which stays together. Until the

@@ -19,6 +19,11 @@ of its keys, else by its deepest key (no longer by its shallowest keys), so that
 workers do not all send a prompt that everybody shares to one home, and the cost spill's
 saving is then only the depth the share table observed (the deciding key was not chosen for
 its cache); what ``on_routed`` observes is unchanged.
+
+Re-recorded a fourth time, deliberately (2026-12-03, issue 20 "default policy", the share's
+unit): a group's share counts requests, not prompt tokens, because one long agent session
+whose prompts are mostly cached weighed like a popular group on its prompt tokens, went hot
+and was split away from its cache.
 """
 
 from __future__ import annotations
@@ -360,10 +365,10 @@ class ReferencePrefixHRW(Policy):
         upto = self._observe_upto
         if last is not request:
             keys, upto = [h for _, h in self.keys(request)], _ALL
-        weight = request.prompt_tokens + (request.expected_output_tokens or 0)
         # Shares matter down to the first group that is not hot and its sub-group:
-        # deeper keys start counting when their parent becomes hot.
-        self.hot.observe(keys[: upto + 1], float(max(weight, 1)))
+        # deeper keys start counting when their parent becomes hot. One request counts
+        # one (requests, not tokens: the fourth re-record).
+        self.hot.observe(keys[: upto + 1], 1.0)
 
     def reset(self) -> None:
         self.hot.reset()

@@ -34,11 +34,13 @@ def test_requests_sharing_s_bytes_share_exactly_the_depths_up_to_s() -> None:
     assert depth_keys(b"x" * 511, 512) == []
 
 
-def _warmed(policy: PrefixHRW, view: StaticFleetView, tokens: int = 1000) -> PrefixHRW:
-    """``policy`` after 4 n unrelated routed requests of ``tokens``: enough observations
-    to tell a group's share (before 2 n it routes by the most specific key alone), and
-    one more such request is not a hot group."""
-    for s in range(4 * view.selector.n_engines):
+def _warmed(
+    policy: PrefixHRW, view: StaticFleetView, tokens: int = 1000, requests: int = 0
+) -> PrefixHRW:
+    """``policy`` after ``requests`` (default 4 n) unrelated routed requests of ``tokens``:
+    enough observations to tell a group's share (before 2 n it routes by the most specific
+    key alone), and one more such request is not a hot group."""
+    for s in range(requests or 4 * view.selector.n_engines):
         request = _request(_text(5000 + s, 600), tokens=tokens)
         policy.on_routed(request, policy.choose(request, view).engine_ids[0])
     return policy
@@ -109,6 +111,30 @@ def test_a_cold_worker_balances_queues_by_what_it_has_observed_only() -> None:
     view.queued_loads[home] = 1000  # within the bound; 500 more, under the 2150 tokens the
     decision = policy.choose(request, view)  # routing key's depth would have claimed
     assert (decision.reason, decision.chosen) == ("cost-spill", (home + 1) % 4)
+
+
+def test_a_long_agent_session_is_not_a_hot_group() -> None:
+    """A group's share counts requests: one agent session whose prompt grows from 9 kB to
+    40 kB, one step among every 11 requests, is 9 % of the traffic, under an engine's
+    hot threshold (12.5 % of 4 engines), so its steps stay on one engine with their cache.
+    By prompt tokens it was 20-55 % of the weight, hot, and its steps followed its deepest
+    key from home to home as the prompt grew."""
+    view = _view(4)
+    policy = _warmed(PrefixHRW(), view, requests=256)
+    session = _text(41, 40_000)
+    homes = set()
+    for step in range(40):
+        prompt = session[: 9000 + 800 * step]
+        request = RouteRequest(
+            key_hash=5, key_depth_bytes=9000, row=0, prompt_tokens=len(prompt) // 4, prefix=prompt
+        )
+        decision = policy.choose(request, view)
+        policy.on_routed(request, decision.engine_ids[0])
+        homes.add(decision.chosen)
+        for other in range(10):
+            r = _request(_text(10_000 + 10 * step + other, 600), tokens=1000)
+            policy.on_routed(r, policy.choose(r, view).engine_ids[0])
+    assert len(homes) == 1
 
 
 def test_unrelated_prefixes_spread_by_weight() -> None:
