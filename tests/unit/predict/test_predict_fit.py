@@ -18,7 +18,10 @@ from fastroute.predict.profiles import MEASURED
 TRUE = NominalStepTimes.from_profile(get_profile("a40"))
 BUDGET = 2048
 MEASURED_POINTS = (
-    Path(__file__).resolve().parents[3] / "docs" / "history" / "2026-12-real-vllm-calibration.json"
+    Path(__file__).resolve().parents[3]
+    / "docs"
+    / "history"
+    / "2026-12-03-real-vllm-calibration-second-host.json"
 )
 
 
