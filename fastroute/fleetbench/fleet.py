@@ -175,10 +175,19 @@ class PlannedEngine(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def plan_engines(fleet: FleetSpec, *, seed: int = 0) -> list[PlannedEngine]:
-    """Name every engine, give it a free loopback port and a seed (``seed + index``)."""
+    """Name every engine, give it a free loopback port and a seed (``seed + index``).
+
+    The ports are distinct: a port is free only until someone binds it, and nothing binds
+    these before the fleet starts, so the kernel can hand the same one out twice (seen in CI).
+    """
     out: list[PlannedEngine] = []
+    taken: set[int] = set()
     for group in fleet.groups:
         for i in range(group.count):
+            port = free_port()
+            while port in taken:
+                port = free_port()
+            taken.add(port)
             out.append(
                 PlannedEngine(
                     name=f"{group.name}-{i}",
@@ -190,7 +199,7 @@ def plan_engines(fleet: FleetSpec, *, seed: int = 0) -> list[PlannedEngine]:
                     role=group.role,
                     capacity_rps=group.capacity_rps,
                     max_num_seqs=group.max_num_seqs,
-                    port=free_port(),
+                    port=port,
                     seed=seed + len(out),
                 )
             )
