@@ -291,6 +291,10 @@ cdef class PrefixPicker:
         self._fill_keys(prefix, key_hash, key_depth_bytes, &keys)
         return [(keys.depths[j], keys.hashes[j]) for j in range(keys.n_keys)]
 
+    cdef inline bint _cold(self, Py_ssize_t n_eligible) noexcept nogil:
+        # The spec's _cold: too few observations to tell a share from noise.
+        return n_eligible > 1 and self.hot._t < 2 * n_eligible
+
     cdef Py_ssize_t _candidates(self, RequestKeys* keys, Py_ssize_t n_eligible,
                                 Py_ssize_t* chosen) noexcept nogil:
         # The spec's _candidates: indices into keys of the keys to try, their count
@@ -298,7 +302,7 @@ cdef class PrefixPicker:
         cdef Py_ssize_t n = keys.n_keys, j, i, c, n_chosen = 0, last = 0
         cdef Py_ssize_t step = -1 if self.deep else 1, first = n - 1 if self.deep else 0
         cdef double enter, leave
-        if n_eligible > 1 and self.hot._t < 2 * n_eligible:
+        if self._cold(n_eligible):
             # too few observations: the routing key, else the most specific key
             chosen[0] = keys.route_at if keys.route_at >= 0 else n - 1
             keys.n_observe = n if self.deep else 1 + min(n, _max_candidates)
@@ -389,7 +393,7 @@ cdef class PrefixPicker:
             if depth == 0 and key_depth == 0:
                 return ranked, reason, depth  # the client's session: never cost-spilled
             # cold: the deciding key was not chosen for its cache, so only what was observed
-            floor = 0 if tree.m > 1 and self.hot._t < 2 * tree.m else depth
+            floor = 0 if self._cold(tree.m) else depth
             least = self._cheaper_elsewhere(selector, tree, keys, floor, out_idx[0], row, load)
             if least < 0:
                 return ranked, reason, depth

@@ -234,7 +234,8 @@ class PrefixPicker:
         """
         keys = self.keys(request.prefix, request.key_hash, request.key_depth_bytes)
         route = (request.key_depth_bytes, request.key_hash)
-        candidates, upto = self._candidates(keys, selector.tree_size(request.row, mask), route)
+        n_eligible = selector.tree_size(request.row, mask)
+        candidates, upto = self._candidates(keys, n_eligible, route)
         self._last = (request, [h for _, h in keys], upto)
         ranked, used = selector.tree_rank_prefix(
             [h for _, h in candidates], request.row, k, loads, self.balance_factor, mask
@@ -249,10 +250,9 @@ class PrefixPicker:
             reason = "no-prefix"
         if depth == 0 and request.key_depth_bytes == 0:
             return ranked, reason, depth  # the client's session: never cost-spilled
-        # Cold (see _candidates): the deciding key was not chosen for its cache, so the
-        # saving is only what the share table observed.
-        n_eligible = selector.tree_size(request.row, mask)
-        floor = 0 if n_eligible > 1 and self.hot.requests < 2 * n_eligible else depth
+        # Cold: the deciding key was not chosen for its cache, so the saving is only what
+        # the share table observed.
+        floor = 0 if self._cold(n_eligible) else depth
         least = self._cheaper_elsewhere(selector, request.row, keys, floor, ranked[0], loads, mask)
         if least < 0:
             return ranked, reason, depth
@@ -293,6 +293,11 @@ class PrefixPicker:
             return -1
         return least
 
+    def _cold(self, n_eligible: int) -> bool:
+        """Too few observations (under 2 per eligible engine) to tell a share from noise;
+        with one eligible engine there is nothing to choose."""
+        return n_eligible > 1 and self.hot.requests < 2 * n_eligible
+
     def _candidates(
         self, keys: list[tuple[int, int]], n_eligible: int, route: tuple[int, int]
     ) -> tuple[list[tuple[int, int]], int]:
@@ -301,12 +306,12 @@ class PrefixPicker:
         eligible engines; ``route``: the routing key's ``(depth, hash)``)."""
         hot = self.hot
         deepest, order = keys[-1], keys[::-1] if self.deep else keys
-        # Too few observations to tell a share from noise: the routing key (a session,
-        # a conversation) if it is one of the keys, else the most specific key, so a
-        # cold worker spreads like plain rendezvous instead of sending every request to
-        # the shared root's home (eight fresh workers did that with one hot prompt).
-        # It observes what it did before the rule (the first two keys' groups).
-        if n_eligible > 1 and hot.requests < 2 * n_eligible:
+        # Cold: the routing key (a session, a conversation) if it is one of the keys, else
+        # the most specific key, so a cold worker spreads like plain rendezvous instead of
+        # sending every request to the shared root's home (eight fresh workers did that
+        # with one hot prompt). It observes what it did before the rule (the first two
+        # keys' groups).
+        if self._cold(n_eligible):
             first = route if route in keys else deepest
             upto = len(keys) if self.deep else 1 + min(len(keys), MAX_CANDIDATES)
             return ([first] if first == deepest else [first, deepest]), upto

@@ -129,8 +129,7 @@ class FastrouteStack:
     edit_config: Callable[[str], str] | None = None
     controller: ManagedProcess | None = None
     proxies: dict[str, ManagedProcess] = field(default_factory=dict)
-    proxy_urls: dict[str, str] = field(default_factory=dict)
-    #: Every proxy's base URL per source cluster (``proxy_urls`` holds the first).
+    #: Every proxy's base URL per source cluster.
     source_urls: dict[str, list[str]] = field(default_factory=dict)
     controller_url: str = ""
     config_paths: dict[str, Path] = field(default_factory=dict)
@@ -181,7 +180,7 @@ class FastrouteStack:
                 for name, proc in self.proxies.items()
             )
         )
-        return dict(self.proxy_urls)
+        return self.proxy_urls
 
     def _write_config(self, index: int, source: str, copy: int, controller_port: int) -> None:
         # one proxy: "<source>" alone, "<source>-<copy>" when a source has several
@@ -209,8 +208,12 @@ class FastrouteStack:
         self.config_paths[name] = path
         url = f"http://127.0.0.1:{settings.port}"
         self._urls[name] = url
-        self.proxy_urls.setdefault(source, url)
         self.source_urls.setdefault(source, []).append(url)
+
+    @property
+    def proxy_urls(self) -> dict[str, str]:
+        """Source → the base URL of its first proxy."""
+        return {source: urls[0] for source, urls in self.source_urls.items()}
 
     def proxy_url(self, name: str) -> str:
         """The base URL of proxy ``name`` (a key of :attr:`proxies`)."""
