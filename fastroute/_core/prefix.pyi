@@ -30,6 +30,7 @@ class PrefixPicker:
     deep: bool
     bytes_per_token: float
     hot: HotKeys
+    seen: HotKeys
     def __init__(
         self,
         block_bytes: int,

@@ -232,6 +232,7 @@ cdef class PrefixPicker:
     cdef readonly bint deep
     cdef readonly double bytes_per_token
     cdef readonly HotKeys hot
+    cdef readonly HotKeys seen      # every depth of every routed request (the saving)
     cdef RequestKeys _last          # keys of the last decided request
     cdef object _last_request       # held, so that its identity cannot be reused
 
@@ -248,6 +249,7 @@ cdef class PrefixPicker:
         self.deep = deep
         self.bytes_per_token = bytes_per_token
         self.hot = HotKeys(hot_half_life_requests, max_keys)
+        self.seen = HotKeys(hot_half_life_requests, max_keys)
         self._last_request = None
 
     cdef int _fill_keys(self, object prefix, uint64_t key_hash, int64_t key_depth,
@@ -416,7 +418,7 @@ cdef class PrefixPicker:
         for j in range(keys.n_keys - 1, -1, -1):
             if keys.depths[j] <= seen:
                 break
-            if self.hot._share(keys.hashes[j]) > 0.0:
+            if self.seen._share(keys.hashes[j]) > 0.0:
                 seen = keys.depths[j]
                 break
         cdef double saving_tokens = <double>seen / self.bytes_per_token
@@ -424,8 +426,10 @@ cdef class PrefixPicker:
         if <double>home_load <= saving_tokens:
             return -1
         least = selector._tree_least_loaded(tree, keys.hashes[keys.n_keys - 1], row, load)
-        if least < 0 or least == home or <double>(home_load - load[least]) <= saving_tokens:
+        if least < 0 or least == home:
             return -1
+        if <double>(home_load - load[least]) <= saving_tokens + <double>load[least]:
+            return -1  # the gain does not pay for the queue the request joins (the spec)
         return least
 
     def on_routed(self, request):
@@ -437,8 +441,10 @@ cdef class PrefixPicker:
             self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, &fresh)
             keys = &fresh
         self.hot._observe(keys.hashes, min(keys.n_keys, keys.n_observe), 1.0)
+        self.seen._observe(keys.hashes, keys.n_keys, 1.0)
 
     def reset(self):
         """Forget every observation."""
         self.hot.reset()
+        self.seen.reset()
         self._last_request = None

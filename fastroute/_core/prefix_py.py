@@ -201,6 +201,10 @@ class PrefixPicker:
         self.deep = bool(deep)
         self.bytes_per_token = float(bytes_per_token)
         self.hot = HotKeys(hot_half_life_requests, max_keys)
+        # Every depth of every routed request, for the cost spill's saving only: the share
+        # table observes a request's depths only through its deciding key's next, so it
+        # read a 3 k-token document's cached prefix as 512 tokens.
+        self.seen = HotKeys(hot_half_life_requests, max_keys)
         # The last decided request, its key hashes and how many of them on_routed observes.
         self._last: tuple[Any, list[int], int] = (None, [], _ALL)
 
@@ -268,20 +272,23 @@ class PrefixPicker:
         loads: Any,
         mask: np.ndarray,
     ) -> int:
-        """The least-loaded eligible engine if the home's extra queue costs more prefill
-        than the home's cached prefix saves, else -1.
+        """The least-loaded eligible engine ``t`` if the home's extra queue over it pays
+        for the cached prefix and for ``t``'s own queue, else -1:
+        ``L_home - L_t > saving + L_t``.
 
-        Both sides are prompt tokens to prefill. The saving is the deepest depth of this
-        request the share table holds (its group sent that prefix recently), at least
-        the deciding key's depth; the extra queue is the home's load minus the
-        least-loaded engine's, where the load is the policy's (queued prompt tokens:
-        prefill work a new request waits behind).
+        All terms are prompt tokens to prefill, the policy's loads (queued prompt tokens:
+        prefill work a new request waits behind). The saving is the deepest depth of this
+        request the seen table holds (a routed request sent that prefix recently), at
+        least the deciding key's depth. ``L_t`` stands for what the spill costs the others:
+        the spilled request prefills the saving again at ``t`` and delays by that much
+        whatever queues behind it there (in a burst, when every engine has a queue, the
+        re-prefills spend capacity the fleet does not have).
         """
         seen = depth
         for d, key in reversed(keys):
             if d <= seen:
                 break
-            if self.hot.share(key) > 0.0:
+            if self.seen.share(key) > 0.0:
                 seen = d
                 break
         saving_tokens = seen / self.bytes_per_token
@@ -289,8 +296,11 @@ class PrefixPicker:
         if home_load <= saving_tokens:
             return -1  # no engine can be lighter by more than the saving
         least = selector.tree_least_loaded(keys[-1][1], row, loads, mask)
-        if least < 0 or least == home or home_load - int(loads[least]) <= saving_tokens:
+        if least < 0 or least == home:
             return -1
+        target_load = int(loads[least])
+        if home_load - target_load <= saving_tokens + target_load:
+            return -1  # the gain does not pay for the queue the request joins
         return least
 
     def _cold(self, n_eligible: int) -> bool:
@@ -352,8 +362,10 @@ class PrefixPicker:
             ]
             upto = _ALL
         self.hot.observe(keys[:upto], 1.0)
+        self.seen.observe(keys, 1.0)
 
     def reset(self) -> None:
         """Forget every observation."""
         self.hot.reset()
+        self.seen.reset()
         self._last = (None, [], _ALL)

@@ -55,14 +55,24 @@ Algorithm
        one looked light (docs/fleet-benchmark.md, "Load in queued prompt tokens").
     3. **Cost spill.** Affinity is worth the prefill it saves, and a queue costs the
        prefill queued ahead: both are prompt tokens. The saving is estimated as the
-       deepest depth of this request that the share estimate has seen (at least the
-       deciding key's depth), in tokens; if the home's load exceeds the least-loaded
-       eligible engine's by more than that, the request goes to the least-loaded engine
-       (reason ``"cost-spill"``): unshared long prompts are balanced like
-       ``least-request`` on queued work, cached ones stay home while their queue is
-       worth it. A session id the client declared is never cost-spilled. (This rule has
-       no tunable: until 2026-12-03 it applied only to requests whose saving was under a
-       quarter of the prompt, because in-flight tokens overstated the queue.)
+       deepest depth of this request that a **seen table** holds (at least the deciding
+       key's depth), in tokens: a decayed count of every depth of every routed request,
+       half-life as the shares' (the share estimate observes a request's depths only
+       through its deciding key's next one, so it read a 3 k-token document's cached
+       prefix as 512 tokens and spilled it on a short queue). With ``t`` the least-loaded
+       eligible engine (ties by the deepest key's rendezvous order), the request goes to
+       ``t`` (reason ``"cost-spill"``) iff ``L_home - L_t > saving + L_t``: the gain must
+       pay for the prefix it prefills again and for the queue it joins. ``L_t`` stands
+       for what the spill costs the others: the re-prefilled saving delays whatever
+       queues behind it at ``t``, and when every engine has a queue (a burst) those
+       re-prefills spend capacity the fleet does not have. Unshared long prompts
+       (saving ~0) are balanced when the home's queue is twice ``t``'s, cached ones stay
+       home while their queue is worth it. The coefficient of ``L_t`` is measured, not
+       derived: 0 (until 2026-12-04) lost `bursts` 4-5 % of goodput in the simulator, an
+       infinite one (only idle engines take spills) cost `long-tail` 9 points through
+       the fleet, 2 trades the long-prompt families' TTFT p99 (up to 1.22x) for 1-2 %
+       more on `bursts` (docs/fleet-benchmark.md, "The cost spill's price"). A session id the
+       client declared is never cost-spilled.
 
 Why shallowest first
     The shallowest group is the largest set of requests sharing a prefix, so routing by
@@ -115,12 +125,12 @@ Invariants
 
 Cost per request
     Hashing at most ``2 · prefix_bytes`` bytes (xxh3), one share lookup and (on routing)
-    one update per depth key, and no loop over the engines: a descent of the rendezvous
-    trie per ranked engine (about ``16 · ceil(log16(n / 16)) + 16`` hashes: 50 at
-    10,000 engines), one more descent per further candidate tried and per over-bound
-    engine the bounded fallback walks past, one load chunk (256 engines) re-read and a
-    memcmp of the n-byte eligibility mask against the cached tree's (the one O(n) step),
-    all in the compiled core
+    two updates (shares, seen table) per depth key, and no loop over the engines: a
+    descent of the rendezvous trie per ranked engine (about
+    ``16 · ceil(log16(n / 16)) + 16`` hashes: 50 at 10,000 engines), one more descent
+    per further candidate tried and per over-bound engine the bounded fallback walks
+    past, one load chunk (256 engines) re-read and a memcmp of the n-byte eligibility
+    mask against the cached tree's (the one O(n) step), all in the compiled core
     (``fastroute/_core/prefix.pyx`` and ``selector.pyx``; their specs ``prefix_py.py``
     and ``selector_tree.py``). The trie is built once per table and eligibility mask
     (O(n log n): 0.02 ms at 100 engines, 0.2 ms at 1,000, 3 ms at 10,000), so a fleet whose
@@ -266,6 +276,11 @@ class PrefixHRW(Policy):
     def hot(self) -> object:
         """The share estimate (``fastroute._core.HotKeys``)."""
         return self._picker.hot
+
+    @property
+    def seen(self) -> object:
+        """The seen table: every depth of every routed request (the cost spill's saving)."""
+        return self._picker.seen
 
     def keys(self, request: RouteRequest) -> list[tuple[int, int]]:
         """The request's ``(depth_bytes, key)`` pairs, shallow first (see the module)."""

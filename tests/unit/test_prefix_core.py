@@ -143,6 +143,7 @@ if "cy" in PICKERS:
                 py.on_routed(routed)
                 cy.on_routed(routed)
             assert py.hot.requests == cy.hot.requests and len(py.hot) == len(cy.hot)
+            assert py.seen.requests == cy.seen.requests and len(py.seen) == len(cy.seen)
 
     def test_compiled_choose_wants_the_compiled_selector() -> None:
         sel = _core.SelectorPy([1, 2], [[1.0, 1.0]])

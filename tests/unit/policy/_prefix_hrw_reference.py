@@ -24,6 +24,15 @@ Re-recorded a fourth time, deliberately (2026-12-03, issue 20 "default policy", 
 unit): a group's share counts requests, not prompt tokens, because one long agent session
 whose prompts are mostly cached weighed like a popular group on its prompt tokens, went hot
 and was split away from its cache.
+
+Re-recorded a fifth time, deliberately (2026-12-04, issue 20 "default policy", the cost
+spill's price): a request is cost-spilled only when the home's extra queue exceeds the
+saving plus the target's own queue, because the spilled request prefills its prefix again
+and that work delays whatever queues behind it at the target (in a burst, when every
+engine has a queue, spilling spent the fleet's capacity on re-prefills: 2-4 % of goodput
+in the simulator); and the saving is read from a second table that observes every depth
+of every routed request (the share table observes them only through the deciding key's
+next depth, so a 3 k-token document's cached prefix read as 512 tokens).
 """
 
 from __future__ import annotations
@@ -233,6 +242,7 @@ class ReferencePrefixHRW(Policy):
         self.hot_half_life_requests = float(hot_half_life_requests)
         self.order = order
         self.hot = HotKeys(self.hot_half_life_requests)
+        self.seen = HotKeys(self.hot_half_life_requests)
         # The keys of the last decided request, for on_routed (same request object).
         self._last: tuple[RouteRequest | None, list[int]] = (None, [])
         self._observe_upto = _ALL
@@ -297,17 +307,17 @@ class ReferencePrefixHRW(Policy):
         home and the home's extra load costs more tokens than the cached part saves,
         else -1.
 
-        The saving is estimated as the deepest depth of this request already seen by the
-        share estimate (the prefix its group has sent recently), at least the deciding
+        The saving is estimated as the deepest depth of this request in the seen table
+        (every depth of every routed request: a prefix sent recently), at least the deciding
         key's depth, in tokens at ``BYTES_PER_TOKEN``; the extra queue is the home's
-        in-flight tokens minus the least-loaded engine's.
+        in-flight tokens minus the least-loaded engine's, which must also exceed that
+        engine's own load.
         """
-        hot = self.hot
         seen = depth
         for d, key in reversed(keys):
             if d <= seen:
                 break
-            if hot.share(key) > 0.0:
+            if self.seen.share(key) > 0.0:
                 seen = d
                 break
         saving_tokens = seen / BYTES_PER_TOKEN
@@ -317,8 +327,10 @@ class ReferencePrefixHRW(Policy):
         least = view.selector.tree_least_loaded(
             keys[-1][1], request.row, loads, view.eligible(request.row)
         )
-        if least < 0 or least == home or home_load - int(loads[least]) <= saving_tokens:
+        if least < 0 or least == home:
             return -1
+        if home_load - int(loads[least]) <= saving_tokens + int(loads[least]):
+            return -1  # the spill must also pay for the queue it joins
         return least
 
     def _candidates(
@@ -369,9 +381,11 @@ class ReferencePrefixHRW(Policy):
         # deeper keys start counting when their parent becomes hot. One request counts
         # one (requests, not tokens: the fourth re-record).
         self.hot.observe(keys[: upto + 1], 1.0)
+        self.seen.observe(keys, 1.0)
 
     def reset(self) -> None:
         self.hot.reset()
+        self.seen.reset()
         self._last = (None, [])
         self._observe_upto = _ALL
 

@@ -107,8 +107,8 @@ def test_a_cold_worker_balances_queues_by_what_it_has_observed_only() -> None:
     request = RouteRequest(key_hash=99, key_depth_bytes=len(prompt), row=0, prefix=prompt)
     home = policy.choose(request, view).chosen
     view.queued_loads[:] = 600
-    view.queued_loads[(home + 1) % 4] = 500
-    view.queued_loads[home] = 1000  # within the bound; 500 more, under the 2150 tokens the
+    view.queued_loads[(home + 1) % 4] = 0  # idle
+    view.queued_loads[home] = 1000  # within the bound; under the 2150 tokens the
     decision = policy.choose(request, view)  # routing key's depth would have claimed
     assert (decision.reason, decision.chosen) == ("cost-spill", (home + 1) % 4)
 
@@ -250,24 +250,48 @@ def test_the_load_is_the_queued_prefill_when_the_view_tracks_it() -> None:
 
 
 def test_the_cost_spill_weighs_the_homes_extra_queue_against_the_cached_prefix() -> None:
-    """The saving is the deepest depth of the request the share table has seen: here the
-    first request observed the depths through 2048 bytes (512 tokens), not 4096.
-    The request stays home while the home's extra queue is under that saving, and goes to
-    the least-loaded engine once it is over, whatever fraction of the prompt it is."""
+    """The saving is the deepest depth of the request the seen table holds: after one
+    request, all four of its depths (4096 bytes, 1024 tokens), where the share table
+    observed only three (through the deciding key's next depth). The request stays home
+    while the home's extra queue is under that saving, and goes to the least-loaded
+    engine once it is over, whatever fraction of the prompt it is."""
     view = _queued_view()
     policy = _warmed(PrefixHRW(balance_factor=100.0), view)
     prefix = _text(22, 4200)  # depths 512 .. 4096
     request = _request(prefix, tokens=1100)
     first = policy.choose(request, view)
     policy.on_routed(request, first.engine_ids[0])
-    assert [policy.hot.share(h) > 0 for _, h in policy.keys(request)] == [True] * 3 + [False]
+    keys = [h for _, h in policy.keys(request)]
+    assert [policy.hot.share(h) > 0 for h in keys] == [True] * 3 + [False]
+    assert all(policy.seen.share(h) > 0 for h in keys)
     home = first.chosen
     least = (home + 1) % 4
     view.queued_loads[:] = 5000
     view.queued_loads[least] = 0
-    view.queued_loads[home] = 400  # 400 more than the least-loaded: under 512 saved
+    view.queued_loads[home] = 1000  # 1000 more than the least-loaded: under 1024 saved
     decision = policy.choose(request, view)
     assert (decision.chosen, decision.reason) == (home, "prefix-home")
-    view.queued_loads[home] = 600  # 600 more: the queue costs more than the cache saves
+    view.queued_loads[home] = 1100  # the queue costs more than the cache saves
     decision = policy.choose(request, view)
     assert (decision.chosen, decision.reason) == (least, "cost-spill")
+
+
+def test_the_cost_spill_pays_for_the_queue_it_joins() -> None:
+    """A spilled request prefills its prefix again and delays whatever queues behind it
+    at the target, so it goes only when the home's extra queue exceeds the saving (1024
+    tokens: the request's 4096-byte depth was seen) plus the target's own queue."""
+    view = _queued_view()
+    policy = _warmed(PrefixHRW(balance_factor=100.0), view)
+    request = _request(_text(23, 4200), tokens=1100)
+    first = policy.choose(request, view)
+    policy.on_routed(request, first.engine_ids[0])
+    home = first.chosen
+    view.queued_loads[:] = 9000
+    view.queued_loads[home] = 5000
+    target = (home + 2) % 4
+    view.queued_loads[target] = 1988  # 5000 - 1988 = 3012 = 1024 + 1988: not more
+    decision = policy.choose(request, view)
+    assert (decision.chosen, decision.reason) == (home, "prefix-home")
+    view.queued_loads[target] = 1987  # 3013 > 1024 + 1987
+    decision = policy.choose(request, view)
+    assert (decision.chosen, decision.reason) == (target, "cost-spill")
