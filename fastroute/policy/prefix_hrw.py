@@ -203,10 +203,10 @@ class PrefixHRW(Policy):
     prefix_bytes : int
         Deepest prefix depth read, bytes, ``>= block_bytes``; default 32768.
     balance_factor : float
-        ``c >= 1``: bound on an engine's share of the in-flight tokens over its LP share;
+        ``c >= 1``: bound on an engine's share of the queued prompt tokens over its LP share;
         default 2.0.
     hot_share_factor : float
-        ``h > 0``: a group whose share of the recent tokens exceeds ``h / n`` is hot;
+        ``h > 0``: a group whose share of the recent requests exceeds ``h / n`` is hot;
         default 0.5.
     hot_half_life_requests : float
         Half-life of the group-share estimate, requests, ``> 0``; default 1024.

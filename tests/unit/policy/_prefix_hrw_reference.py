@@ -29,10 +29,11 @@ Re-recorded a fifth time, deliberately (2026-12-04, issue 20 "default policy", t
 spill's price): a request is cost-spilled only when the home's extra queue exceeds the
 saving plus the target's own queue, because the spilled request prefills its prefix again
 and that work delays whatever queues behind it at the target (in a burst, when every
-engine has a queue, spilling spent the fleet's capacity on re-prefills: 2-4 % of goodput
-in the simulator); and the saving is read from a second table that observes every depth
-of every routed request (the share table observes them only through the deciding key's
-next depth, so a 3 k-token document's cached prefix read as 512 tokens).
+engine has a queue, spilling spent the fleet's capacity on re-prefills: with the seen
+table below, 4-5 % of goodput in the simulator); and the saving is read from a second
+table that observes every depth of every routed request (the share table observes them
+only through the deciding key's next depth, so a 3 k-token document's cached prefix read
+as 512 tokens).
 """
 
 from __future__ import annotations
