@@ -169,10 +169,18 @@ def _count_429(errors: dict[str, int]) -> int:
     return errors.get("http_429", 0)
 
 
+def _429_cell(n429: int, by_code: dict[str, int]) -> str:
+    """``n`` and, when there were any, their split by error code: ``19 (load_shed 19)``."""
+    if not n429 or not by_code:
+        return str(n429)
+    return f"{n429} (" + ", ".join(f"{code} {n}" for code, n in by_code.items()) + ")"
+
+
 def goodput_table(results: Sequence[RouterResult]) -> list[str]:
     """Per router: goodput (SLO attainment; 429s, errors and cut-off requests count as
-    misses), p99 TTFT and TBOT, requests sent, 429s (the proxy's early SLO rejections
-    and engine queue-full answers) and other errors, as markdown lines."""
+    misses), p99 TTFT and TBOT, requests sent, 429s split by their body's error code (the
+    controller's ``load_shed``, the queue guard's ``overloaded``, early ``slo_infeasible``
+    rejections, an engine's queue-full ``429``) and other errors, as markdown lines."""
     lines = [
         "Goodput (share of requests sent meeting both SLOs; 429s and errors are misses):",
         "",
@@ -188,7 +196,8 @@ def goodput_table(results: Sequence[RouterResult]) -> list[str]:
         other = sum(s.errors.values()) - n429
         lines.append(
             f"| {r.router} | {_num(s.slo_attainment, 3)} | {_ms(s.ttft.p99_s)} "
-            f"| {_ms(s.tbot.p99_s, 1)} | {s.requests} | {n429} | {other} |"
+            f"| {_ms(s.tbot.p99_s, 1)} | {s.requests} | {_429_cell(n429, s.rejects_429)} "
+            f"| {other} |"
         )
     return lines
 

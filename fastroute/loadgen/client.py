@@ -18,6 +18,7 @@ import aiohttp
 import msgspec
 
 from fastroute.loadgen.records import RequestRecord
+from fastroute.proxy.http.openai_errors import parse_error_body
 
 __all__ = ["send_chat", "ChatReply"]
 
@@ -202,8 +203,10 @@ async def send_chat(
             record.status = resp.status
             record.engine = resp.headers.get(ENGINE_HEADER)
             if resp.status != 200:
-                await resp.read()
+                fields = parse_error_body(await resp.read())
                 record.error = f"http_{resp.status}"
+                if fields is not None and fields.code is not None:
+                    record.error_code = str(fields.code)
             elif record.stream:
                 text = await _read_stream(resp, record, t_sent)
             else:

@@ -10,7 +10,12 @@ deadline). Times are client-side, measured with :func:`time.perf_counter`:
 * ``e2e_s``: request written → response complete.
 
 ``error`` is None for a complete 200 response, else one of :data:`ERROR_KINDS`
-(``http_<status>`` for an error status).
+(``http_<status>`` for an error status). ``error_code`` is the ``code`` of an error
+status's body when it has one (OpenAI's and SGLang's shapes), so a report can tell the
+proxy's reasons for a 429 apart: ``load_shed`` (the controller's shed fraction),
+``overloaded`` (the queue-delay guard), ``slo_infeasible`` (early rejection),
+``rate_limit_exceeded`` (a tenant limit), ``engines_at_capacity``; an engine's own
+429 carries its integer code (``"429"`` from vLLM).
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         HTTP status; 0 when no response arrived.
     error : str or None
         None for success, else an error kind (see the module doc).
+    error_code : str or None
+        The error body's ``code`` of a non-200 reply, as a string; None when the reply
+        was 200 or its body had none.
     engine : str or None
         The ``x-fastroute-engine`` response header (engines and fastroute set it).
     ttft_s, tbot_s, max_gap_s, e2e_s : float or None
@@ -70,6 +78,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     stream: bool = True
     status: int = 0
     error: str | None = None
+    error_code: str | None = None
     engine: str | None = None
     ttft_s: float | None = None
     tbot_s: float | None = None

@@ -11,7 +11,10 @@ Definitions (client side):
 * **SLO attainment** = requests meeting the SLO / requests sent; **goodput** = requests
   meeting the SLO per second of the run;
 * **prefix-cache hit rate** (from the responses' ``usage``) = Σ cached prompt tokens /
-  Σ prompt tokens of the successful requests that reported usage.
+  Σ prompt tokens of the successful requests that reported usage;
+* ``rejects_429`` counts the 429s by the ``code`` of their error body (``load_shed``,
+  ``overloaded``, ``slo_infeasible``... see :mod:`fastroute.loadgen.records`),
+  :data:`NO_CODE` for a body without one.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ import numpy as np
 
 from fastroute.loadgen.records import RequestRecord
 
-__all__ = ["percentile", "LatencySummary", "EngineSummary", "RunSummary", "summarize"]
+__all__ = ["NO_CODE", "percentile", "LatencySummary", "EngineSummary", "RunSummary", "summarize"]
+
+#: The ``rejects_429`` key of a 429 whose body carried no error code.
+NO_CODE = "no_code"
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -74,6 +80,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     requests: int
     ok: int
     errors: dict[str, int]
+    rejects_429: dict[str, int] = msgspec.field(default_factory=dict)
     wall_s: float
     output_tokens: int
     ttft: LatencySummary
@@ -124,6 +131,7 @@ def summarize(
     """
     ok = [r for r in records if r.ok]
     errors = Counter(r.error for r in records if r.error is not None)
+    rejects = Counter(r.error_code or NO_CODE for r in records if r.error == "http_429")
     slo_met = sum(1 for r in records if meets_slo(r, ttft_slo_s, tbot_slo_s))
     by_engine: dict[str, list[RequestRecord]] = {}
     for r in records:
@@ -146,6 +154,7 @@ def summarize(
         requests=len(records),
         ok=len(ok),
         errors=dict(sorted(errors.items())),
+        rejects_429=dict(sorted(rejects.items())),
         wall_s=wall_s,
         output_tokens=sum(r.output_tokens for r in ok),
         ttft=LatencySummary.of([r.ttft_s for r in ok if r.ttft_s is not None]),

@@ -34,8 +34,17 @@ def _result(name: str) -> RouterResult:
 def test_goodput_counts_429s_and_errors_as_misses() -> None:
     lines = goodput_table([_result("mc"), RouterResult(router="lh", status="unavailable")])
     assert "| mc | 0.400 | " in lines[4]  # 2 of 5 sent meet both SLOs
-    assert lines[4].endswith("| 5 | 1 | 1 |")  # sent, 429, other errors
+    assert lines[4].endswith("| 5 | 1 (no_code 1) | 1 |")  # sent, 429s by code, other errors
     assert lines[5] == "| lh | unavailable | — | — | — | — | — |"
+
+
+def test_the_429_column_says_who_refused() -> None:
+    records = [_record(0, 0.1), _record(1, None, "http_429"), _record(2, None, "http_429")]
+    records[1].error_code = "load_shed"
+    records[2].error_code = "overloaded"
+    summary = summarize(records, 10.0)
+    lines = goodput_table([RouterResult(router="fr", status="ok", summary=summary)])
+    assert lines[4].endswith("| 3 | 2 (load_shed 1, overloaded 1) | 0 |")
 
 
 def test_the_aggregate_has_a_row_per_spec_and_a_column_per_router(tmp_path: Path) -> None:

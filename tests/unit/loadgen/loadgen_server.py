@@ -5,7 +5,7 @@ not needed: the server's ``mode`` attribute applies to every request):
 
 * ``ok`` (default): ``tokens`` content tokens, ``gap_s`` apart, usage with
   ``cached_tokens``; JSON when ``stream`` is false;
-* ``status``: answer ``status_code`` with an OpenAI error body;
+* ``status``: answer ``status_code`` with an OpenAI error body whose code is ``error_code``;
 * ``cut``: send two tokens, then drop the connection;
 * ``sse_error``: send one token, then a ``data: {"error": ...}`` event;
 * ``hang``: accept and never answer (until the client goes away).
@@ -31,6 +31,7 @@ class ChatServer:
         self.gap_s = gap_s
         self.mode = "ok"
         self.status_code = 429
+        self.error_code: str | int | None = 429
         self.hold: asyncio.Event | None = None  # requests wait on it before answering
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -88,7 +89,7 @@ class ChatServer:
             await asyncio.Event().wait()
         headers = {"x-fastroute-engine": self.name}
         if self.mode == "status":
-            err = {"error": {"message": "busy", "type": "RateLimitError", "code": 429}}
+            err = {"error": {"message": "busy", "type": "RateLimitError", "code": self.error_code}}
             return web.json_response(err, status=self.status_code, headers=headers)
         usage = {
             "prompt_tokens": 40,

@@ -117,6 +117,22 @@ def test_a_failed_turn_is_recorded_and_ends_its_session(mode: str, kind: str) ->
     run(main())
 
 
+@pytest.mark.parametrize(
+    ("code", "recorded"), [(429, "429"), ("load_shed", "load_shed"), (None, None)]
+)
+def test_an_error_status_records_its_body_code(
+    code: str | int | None, recorded: str | None
+) -> None:
+    async def main() -> None:
+        async with ChatServer() as srv:
+            srv.mode, srv.error_code = "status", code
+            result = await LoadDriver(srv.url).run([session("s1")])
+            rec = result.records[0]
+            assert (rec.error, rec.error_code) == ("http_429", recorded)
+
+    run(main())
+
+
 def test_connection_refused_is_a_connect_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fastroute.loadgen import RequestRecord, percentile, summarize
+from fastroute.loadgen.summary import NO_CODE
 
 
 def rec(engine: str | None, *, ttft: float = 0.1, tbot: float = 0.02, error: str | None = None,
@@ -50,3 +51,14 @@ def test_summary_counts_shares_slo_and_cache() -> None:
         "a"
     ].cache_hit_rate == pytest.approx(0.5)
     assert engines["b"].ttft.n == 1  # the failed request has no latency sample
+
+
+def test_429s_are_split_by_their_error_code() -> None:
+    records = [rec("a"), rec(None, error="http_503")]
+    for code in ("load_shed", "load_shed", "overloaded", None):
+        r = rec(None, error="http_429")
+        r.error_code = code
+        records.append(r)
+    s = summarize(records, wall_s=1.0)
+    assert s.errors == {"http_429": 4, "http_503": 1}
+    assert s.rejects_429 == {NO_CODE: 1, "load_shed": 2, "overloaded": 1}
