@@ -41,6 +41,7 @@ def engines_json(
                 "name": name,
                 "capacity_rps": float(cap),
                 "effective_capacity_rps": float(m.groups.engine_capacity_rps[i]),
+                "reuse_gain": float(learning.reuse_gain[i]),
                 "group": int(m.groups.group_of_engine[i]),
                 "fit_group": learning.fitter.group_names[int(learning.fit_group[i])],
                 "scrape": scrape,

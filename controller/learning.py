@@ -1,11 +1,16 @@
-"""What the controller learns about its fleet each period: derating levels and latency profiles.
+"""What the controller learns about its fleet each period: derating levels, latency profiles and
+the capacity prefix reuse adds.
 
 :class:`FleetLearning` keeps the current :class:`controller.model.FleetModel` (the service plans on
 it): at the close of each signal window it scores the engines and steps their health levels
 (:class:`controller.health.HealthTracker`), feeds the online profile fit
 (:class:`controller.profiles.ProfileFitter`), gives an engine with a stable latency shift a profile
-of its own (:meth:`FleetLearning.reprofile`), and rebuilds the engine groups when any of that
-changed.
+of its own (:meth:`FleetLearning.reprofile`), rates each peer group's prefix-reuse gain from the
+engines' token counters (:func:`controller.reuse.group_reuse_gains`), and rebuilds the engine
+groups when any of that changed. The LP plans with ``capacity_rps · gain · health``; health
+scoring and the profile fit keep the nominal ``capacity_rps`` (a profile fitted at nominal
+utilisation already carries the reuse the gain adds to the capacity bound, so the LP's latency
+cost of a reused engine is, if anything, under-estimated).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from controller.latency import LatencyProfile
 from controller.model import FleetModel
 from controller.options import ControllerOptions
 from controller.profiles import ProfileFitter
+from controller.reuse import group_reuse_gains, hit_counts
 from controller.scrape import ScrapeWindow
 from fastroute.config import Config
 from fastroute.signals.reports import Report
@@ -50,6 +56,7 @@ _LEARNT = (
     "last_window",
     "_shift_log",
     "_shift_windows",
+    "reuse_gain",
 )
 
 
@@ -73,6 +80,9 @@ class FleetLearning:
     fitter : ProfileFitter
     last_window : HealthWindow or None
         The last closed signal window (the ``p-controller`` planner reads its latencies).
+    reuse_gain : ndarray, shape (n_engines,)
+        Capacity gain of measured prefix reuse per engine (its peer group's; 1 until
+        counted), capped at ``controller.max_reuse_gain``.
     """
 
     def __init__(self, config: Config, model: FleetModel, options: ControllerOptions) -> None:
@@ -126,6 +136,25 @@ class FleetLearning:
         self._shift_log = np.full((2, n_e, self.reprofile_after_windows), np.nan)
         self._shift_windows = np.zeros(n_e, dtype=np.int64)
         self.reprofiles_total = 0
+        self.max_reuse_gain = config.controller.max_reuse_gain
+        self.reuse_gain = np.ones(n_e)
+
+    def planned_capacity_rps(self) -> FloatArray:
+        """``capacity_rps · reuse_gain`` per engine: what the groups are built on (× health).
+        The gain is clipped to this configuration's cap (a reload may carry a higher one)."""
+        return self.model.capacity_rps * np.minimum(self.reuse_gain, self.max_reuse_gain)
+
+    def rate_reuse(self, scraped: ScrapeWindow | None) -> bool:
+        """Re-rate the reuse gains from ``scraped``'s prefix windows; return whether one moved."""
+        if scraped is None or len(scraped.prefix_hits) != self.reuse_gain.size:
+            return False
+        gain = group_reuse_gains(
+            *hit_counts(scraped.prefix_hits), self.health.group, max_gain=self.max_reuse_gain
+        )
+        if np.array_equal(gain, self.reuse_gain):
+            return False
+        self.reuse_gain = gain
+        return True
 
     def observe(self, report: Report) -> None:
         """Add one proxy report's per-engine entries to the open signal window."""
@@ -147,7 +176,11 @@ class FleetLearning:
         m = self.model
         profiles = tuple(self.fit_profiles[g] for g in self.fit_group)
         groups = group_engines(
-            profiles, m.capacity_rps, m.eligible, m.network_latency_s, health=self.health.health
+            profiles,
+            self.planned_capacity_rps(),
+            m.eligible,
+            m.network_latency_s,
+            health=self.health.health,
         )
         self.model = replace(m, profiles=profiles, groups=groups)
         self.health.profiles = profiles
@@ -155,10 +188,11 @@ class FleetLearning:
     def close_window(self, now_s: float, scraped: ScrapeWindow | None) -> list[LevelChange]:
         """Close the signal window: derating levels, then the online profile fit.
 
-        On a level change or a refitted profile the groups are rebuilt. A level change keeps group
-        membership (only ``C · h`` changes), so the LP structure and its warm start survive; a
-        refit can split or merge groups (the planner carries its anchor over,
-        :func:`controller.groups.regroup_rates`). Returns the level changes.
+        On a level change, a re-rated reuse gain or a refitted profile the groups are rebuilt. A
+        level or gain change keeps group membership (only ``C · g · h`` changes), so the LP
+        structure and its warm start survive; a refit can split or merge groups (the planner
+        carries its anchor over, :func:`controller.groups.regroup_rates`). Returns the level
+        changes.
         """
         window = self.signals.drain()
         self.last_window = window
@@ -167,16 +201,18 @@ class FleetLearning:
         reprofiled = self.reprofile(now_s)
         changes += reprofiled
         refit = refit or bool(reprofiled)
-        if not changes and not refit:
+        rerated = self.rate_reuse(scraped)
+        if not changes and not refit and not rerated:
             return changes
         m = self.model
+        capacity = self.planned_capacity_rps()
         if refit:  # the matrices are the model's own, unchanged: keep their locations
             groups = group_engines(
-                m.profiles, m.capacity_rps, m.eligible, m.network_latency_s,
+                m.profiles, capacity, m.eligible, m.network_latency_s,
                 health=self.health.health, location_of_engine=m.groups.location_of_engine,
             )  # fmt: skip
-        else:  # a level change keeps membership: skip the classes × engines key build
-            groups = m.groups.with_health(m.capacity_rps, self.health.health)
+        else:  # a level or gain change keeps membership: skip the classes × engines key build
+            groups = m.groups.with_health(capacity, self.health.health)
         self.model = replace(m, groups=groups)
         return changes
 

@@ -84,6 +84,12 @@ class ControllerMetrics:
             ["engine"],
             registry=r,
         )
+        self.engine_reuse_gain = Gauge(
+            "fastroute_controller_engine_reuse_gain",
+            "Capacity gain of the engine group's measured prefix reuse (1: plans at capacity_rps)",
+            ["engine"],
+            registry=r,
+        )
         self.engine_stale = Gauge(
             "fastroute_controller_engine_stale",
             "1 when the controller has no fresh /metrics scrape of the engine",
@@ -140,6 +146,7 @@ class ControllerMetrics:
         """Drop the per-engine and per-class series of engines / classes a reload removed."""
         for gauge, names in (
             (self.engine_health, engines),
+            (self.engine_reuse_gain, engines),
             (self.engine_stale, engines),
             (self.engine_scrape_age, engines),
             (self.scrape_errors, engines),

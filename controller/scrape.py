@@ -112,6 +112,9 @@ class ScrapeWindow:
         The last gauges (NaN where unknown).
     stale : ndarray of bool
         No good ``/metrics`` scrape within ``stale_after_s``.
+    prefix_hits : tuple of PrefixHitRate
+        Per engine, its prefix-cache window (:meth:`EngineScraper.prefix_hit_rates`: queried,
+        cached and generated tokens over the last minute; unknown for a stale engine).
     """
 
     ttft_count: FloatArray
@@ -123,6 +126,7 @@ class ScrapeWindow:
     waiting: FloatArray
     kv_cache_usage: FloatArray
     stale: npt.NDArray[np.bool_] = field(repr=False)
+    prefix_hits: tuple[PrefixHitRate, ...] = field(default=(), repr=False)
 
 
 def count_sum_window(
@@ -208,6 +212,9 @@ class EngineScraper(scrape.EngineScraper[EngineScrapeState]):
             waiting=gauges["waiting"],
             kv_cache_usage=gauges["kv"],
             stale=stale,
+            prefix_hits=tuple(
+                UNKNOWN if stale[i] else st.prefix_hits.current for i, st in enumerate(self.states)
+            ),
         )
 
     def state(self, i: int, now_s: float | None = None) -> dict[str, Any]:

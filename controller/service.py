@@ -196,6 +196,7 @@ class ControllerService:
         self.publisher = TablePublisher(self.table_name, clock, republish_after_s)
         for name in model.engine_names:
             self.metrics.engine_health.labels(name).set(1.0)
+            self.metrics.engine_reuse_gain.labels(name).set(1.0)
         self.plan: Plan | None = None
         self.last_error: str | None = None
         self.periods_total = 0
@@ -357,8 +358,12 @@ class ControllerService:
         for key, value in vars(fresh).items():
             if key not in _KEPT_ON_RELOAD:
                 setattr(self, key, value)
-        for name, h in zip(self.model.engine_names, self.learning.health.health, strict=True):
+        learnt = self.learning
+        for name, h, g in zip(
+            self.model.engine_names, learnt.health.health, learnt.reuse_gain, strict=True
+        ):
             self.metrics.engine_health.labels(name).set(float(h))
+            self.metrics.engine_reuse_gain.labels(name).set(float(g))
         if scraping and not same_scrapes:
             self.start_scrapes()
         self.reloads_total += 1
@@ -415,12 +420,17 @@ class ControllerService:
             return await self._step()
 
     def close_window(self, now_s: float) -> list[LevelChange]:
-        """Close the period's signal and scrape windows: derating levels, then the online profile
-        fit (:meth:`FleetLearning.close_window`); log and export the level changes."""
+        """Close the period's signal and scrape windows: derating levels, the online profile fit
+        and the reuse gains (:meth:`FleetLearning.close_window`); log and export the level
+        changes and the gains that moved."""
         scraped = self.scraper.drain(now_s)
         self.last_scrape = scraped
         self.metrics.record_scrapes(self.model.engine_names, self.scraper, now_s)
+        gain_before = self.learning.reuse_gain
         changes = self.learning.close_window(now_s, scraped)
+        for i in np.flatnonzero(self.learning.reuse_gain != gain_before):
+            name = self.model.engine_names[i]
+            self.metrics.engine_reuse_gain.labels(name).set(float(self.learning.reuse_gain[i]))
         for c in changes:
             log.log(
                 logging.WARNING if c.new_health < c.old_health else logging.INFO,

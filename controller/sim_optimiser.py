@@ -11,9 +11,11 @@ baseline — that turns a ``fastroute.sim.control.ControlInput`` into a
 Optimisers
 ----------
 ``lp``
-    The routing LP, fed forward: the observed (lagged) class demand, a seed latency
-    profile per engine from the model's idle latencies, capacities × health, network
-    RTTs, and the L1 anchor at what the published table sends at the new demand
+    The routing LP, fed forward and grouped as the service groups it (identical engines
+    are one LP column whose rate splits ∝ capacity, :func:`~controller.groups.group_engines`):
+    the observed (lagged) class demand, a seed latency
+    profile per engine from the model's idle latencies, capacities × reuse gain × health,
+    network RTTs, and the L1 anchor at what the published table sends at the new demand
     (:func:`~controller.weights.table_anchor`, as the service does); the forecast the LP
     sees is the forecaster's held one, the shed fractions are taken at its live one
     (:func:`~controller.weights.shed_at_demand`, as the service does). Tunables: ``kappa_s`` (move
@@ -25,7 +27,11 @@ Optimisers
     :class:`~controller.demand.DemandForecaster`: EWMA weight, default 0.3, and recent-peak
     window, default 3 periods), ``demand_deadband_z`` (its dead band in Poisson standard
     errors, default 2), ``min_demand_rps`` (floor per class so an idle class
-    keeps a row; default 0.01).
+    keeps a row; default 0.01), ``max_reuse_gain`` (the service's
+    ``controller.max_reuse_gain``, default 4: capacities × the peer groups' prefix-reuse
+    gain from the engines' token counters over the last ``reuse_window_s`` = 60 s,
+    :mod:`controller.reuse`; 1 plans with the nominal capacities), ``reuse_decode_cost``
+    (its ``β``, default :data:`controller.reuse.DECODE_TOKEN_COST`).
 ``p-controller``
     The proportional baseline of docs/algorithms.md §8.1 on per-engine latency:
     ``gain`` (K, default 0.5), ``ewma_alpha`` (a, default 0.3), ``min_weight``
@@ -37,6 +43,7 @@ Optimisers
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -44,13 +51,16 @@ import msgspec
 import numpy as np
 
 from controller.demand import DemandForecaster
+from controller.groups import group_engines, regroup_rates
 from controller.health import HealthTracker, HealthWindow
 from controller.latency import LatencyProfile
 from controller.lp import RoutingProblem
 from controller.pcontroller import ProportionalController
+from controller.reuse import DECODE_TOKEN_COST, group_reuse_gains
 from controller.solve import RoutingLP, SolveError
-from controller.weights import class_weights, shed_at_demand, table_anchor
+from controller.weights import class_weights, engine_weights, shed_at_demand, table_anchor
 from fastroute.config import ControllerConfig, DeratingConfig
+from fastroute.signals.prefix_cache import DEFAULT_WINDOW_S
 from fastroute.signals.reports import REPORT_VERSION, ClassDemand, Report
 
 __all__ = ["OPTIMISERS", "SimTable", "make_optimiser", "lp_optimiser", "p_controller_optimiser"]
@@ -133,6 +143,39 @@ def _derated_health(
     return health
 
 
+def _reuse_gain(
+    history: deque[tuple[float, np.ndarray]],
+    inp: Any,
+    reuse: tuple[float, float, float],
+    info: dict[str, Any],
+) -> np.ndarray:
+    """Per engine, its peer group's reuse gain over the last ``window_s`` of token counters
+    (as the service's prefix-hit window: the newest sample at least ``window_s`` old is the
+    base); peers = engines of one model, capacity and idle latencies. ``reuse`` is
+    ``(window_s, max_gain, decode_token_cost)``. Notes the gain in ``info``."""
+    window_s, max_gain, decode_token_cost = reuse
+    n = len(inp.engine_names)
+    if inp.engine_tokens is None or max_gain <= 1.0:
+        return np.ones(n)
+    history.append((inp.now_s, np.asarray(inp.engine_tokens, dtype=np.float64)))
+    while len(history) > 2 and history[1][0] <= inp.now_s - window_s:
+        history.popleft()
+    if len(history) < 2:
+        return np.ones(n)
+    delta = history[-1][1] - history[0][1]
+    delta[:, np.any(delta < 0, axis=0)] = np.nan  # a restarted engine: no evidence this window
+    keys = list(
+        zip(inp.engine_models, inp.capacity_rps, inp.idle_ttft_s, inp.idle_tbot_s, strict=True)
+    )
+    first = {k: i for i, k in reversed(list(enumerate(keys)))}
+    group = np.array([first[k] for k in keys], dtype=np.intp)
+    gain = group_reuse_gains(
+        delta[0], delta[1], delta[2], group, max_gain=max_gain, decode_token_cost=decode_token_cost
+    )
+    info["reuse_gain"] = gain.tolist()
+    return gain
+
+
 def lp_optimiser(
     *,
     kappa_s: float | None = None,
@@ -143,8 +186,13 @@ def lp_optimiser(
     peak_periods: int = 3,
     demand_deadband_z: float = 2.0,
     min_demand_rps: float = 0.01,
+    max_reuse_gain: float | None = None,
+    reuse_window_s: float = DEFAULT_WINDOW_S,
+    reuse_decode_cost: float = DECODE_TOKEN_COST,
 ) -> Callable[[Any], Any]:
     """The routing LP as a simulator optimiser (see the module docstring for the tunables)."""
+    if max_reuse_gain is None:
+        max_reuse_gain = ControllerConfig().max_reuse_gain
     if kappa_s is None:
         kappa_s = ControllerConfig().kappa_s  # the service's default
     if kappa_s < 0 or min_demand_rps < 0:
@@ -153,10 +201,12 @@ def lp_optimiser(
     lp = RoutingLP(time_limit_s=10.0)
     state: dict[str, Any] = {
         "x": None,
+        "groups": None,
         "demand": None,
         "forecaster": None,
         "tracker": None,
         "profiles": None,
+        "tokens": deque(),
     }
 
     def optimise(inp: Any) -> Any:
@@ -176,31 +226,32 @@ def lp_optimiser(
         info: dict[str, Any] = {}
         if derate:
             health = _derated_health(state, inp, derating_cfg, info)
-        problem = RoutingProblem.from_profiles(
-            demand,
-            profiles,
-            inp.capacity_rps,
-            inp.eligible,
-            inp.network_latency_s,
-            health=health,
-            kappa_s=kappa_s,
-            allow_shed=allow_shed,
+        reuse = (reuse_window_s, max_reuse_gain, reuse_decode_cost)
+        capacity = inp.capacity_rps * _reuse_gain(state["tokens"], inp, reuse, info)
+        # grouped as the service groups (controller.planner): identical engines are one LP
+        # column and split its rate ∝ capacity, so a degenerate LP cannot starve one of them
+        groups = group_engines(
+            profiles, capacity, inp.eligible, inp.network_latency_s, health=health
         )
+        problem = RoutingProblem.from_groups(demand, groups, kappa_s=kappa_s, allow_shed=allow_shed)
         # Anchor where the service anchors: at what the published table sends at the new
         # demand (so a pure change of demand level moves nothing).
         anchor = None
         if state["x"] is not None:
-            anchor = table_anchor(state["x"], state["demand"], demand)
+            x_prev = state["x"]
+            if not np.array_equal(state["groups"].group_of_engine, groups.group_of_engine):
+                x_prev = regroup_rates(x_prev, state["groups"], groups)
+            anchor = table_anchor(x_prev, state["demand"], demand)
         try:
             res = lp.solve(problem, x_prev_rps=anchor)
         except SolveError as exc:
             # Keep the table in force, as the service does when a solve fails.
             info["error"] = str(exc)
             return SimTable(inp.weights, np.zeros(len(inp.class_labels)), info)
-        state["x"] = res.x_rps
-        state["demand"] = demand
-        fallback = inp.eligible * (inp.capacity_rps * health)[None, :]
-        weights, _ = class_weights(res.x_rps, res.shed_rps, demand, fallback=fallback)
+        state["x"], state["groups"], state["demand"] = res.x_rps, groups, demand
+        fallback = groups.eligible * groups.capacity_rps
+        group_weights, _ = class_weights(res.x_rps, res.shed_rps, demand, fallback=fallback)
+        weights = engine_weights(group_weights, groups)
         # as the service: the LP's admitted rate out of the live (not the held) demand
         shed = shed_at_demand(res.x_rps, res.shed_rps, live)
         info.update(

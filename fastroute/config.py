@@ -1018,6 +1018,13 @@ class ControllerConfig(_Section):
         Timeout of one scrape, seconds; less than ``scrape_interval_s``.
     long_poll_timeout_s : float
         Longest a ``GET /v1/table?after=<generation>`` waits for a new generation.
+    max_reuse_gain : float
+        Cap on how much measured prefix reuse raises an engine group's capacity over its
+        ``capacity_rps`` (rated without reuse): ``(Q + G) / (Q − H + G)`` from the engines'
+        queried, cached and generated token counters over the last minute
+        (``controller/reuse.py``). 4 = three quarters of the token work cached; the window is
+        history, so this bounds how far a workload that turns uncached can find the fleet
+        over-rated. 1 plans with ``capacity_rps`` alone. In [1, 100].
     shed_penalties : table
         Per-priority shed penalty multipliers, ``[controller.shed_penalties]``.
     derating : table
@@ -1045,6 +1052,7 @@ class ControllerConfig(_Section):
     scrape_interval_s: PositiveSeconds = 2.5
     scrape_timeout_s: PositiveSeconds = 0.5
     long_poll_timeout_s: PositiveSeconds = 30.0
+    max_reuse_gain: Annotated[float, msgspec.Meta(ge=1, le=100)] = 4.0
     shed_penalties: ShedPenaltiesConfig = ShedPenaltiesConfig()
     derating: DeratingConfig = DeratingConfig()
     ha: ControllerHaConfig = ControllerHaConfig()

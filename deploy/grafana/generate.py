@@ -92,6 +92,9 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ("Planned shed fraction (controller)", "percentunit", [
             ("{{class}}", "fastroute_controller_shed_fraction"),
         ]),
+        ("Capacity gain of prefix reuse (controller)", "short", [
+            ("{{engine}}", "fastroute_controller_engine_reuse_gain"),
+        ]),
         ("Demand forecast per class", "reqps", [
             ("{{class}}", "fastroute_controller_demand_rps"),
         ]),

@@ -19,6 +19,8 @@ Per field, the names read (vLLM's older generation after a slash; SGLang; llama.
   ``vllm:gpu_prefix_cache_hits_total``; ``sglang:cached_tokens_total``.
 * ``prefix_cache_hit_rate`` (the engine's own recent rate, 0..1): ``vllm:gpu_prefix_cache_hit_rate``
   (the oldest vLLM); ``sglang:cache_hit_rate``.
+* ``generation_tokens_total``: ``vllm:generation_tokens_total``;
+  ``sglang:generation_tokens_total``; ``llamacpp:tokens_predicted_total``.
 * ``preemptions_total``: ``vllm:num_preemptions_total``; ``sglang:num_retracted_requests_total``.
 * ``ttft_s``, ``itl_s``, ``e2e_s`` (histograms): ``vllm:time_to_first_token_seconds``,
   ``vllm:inter_token_latency_seconds`` / ``vllm:time_per_output_token_seconds``,
@@ -97,6 +99,7 @@ VLLM = MetricDialect(
         "vllm:prefix_cache_hits_total": ("prefix_cache_hits_total", 0),
         "vllm:gpu_prefix_cache_hits_total": ("prefix_cache_hits_total", 1),
         "vllm:gpu_prefix_cache_hit_rate": ("prefix_cache_hit_rate", 0),
+        "vllm:generation_tokens_total": ("generation_tokens_total", 0),
         "vllm:num_preemptions_total": ("preemptions_total", 0),
     },
     histograms={
@@ -120,6 +123,7 @@ SGLANG = MetricDialect(
         "sglang:prompt_tokens_total": ("prefix_cache_queries_total", 0),
         "sglang:cached_tokens_total": ("prefix_cache_hits_total", 0),
         "sglang:cache_hit_rate": ("prefix_cache_hit_rate", 0),
+        "sglang:generation_tokens_total": ("generation_tokens_total", 0),
         "sglang:num_retracted_requests_total": ("preemptions_total", 0),
     },
     histograms={
@@ -141,6 +145,7 @@ LLAMACPP = MetricDialect(
         "llamacpp:requests_processing": ("num_requests_running", 0),
         "llamacpp:requests_deferred": ("num_requests_waiting", 0),
         "llamacpp:kv_cache_usage_ratio": ("kv_cache_usage", 0),
+        "llamacpp:tokens_predicted_total": ("generation_tokens_total", 0),
     },
     histograms={},
     averaged=_RATIOS,

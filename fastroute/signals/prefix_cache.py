@@ -20,10 +20,16 @@ are left out; ``engines`` says how many were counted).
 
 The first scrape of an engine has no earlier one: its window is the engine's lifetime
 (``start_s`` None, "since the engine started").
+
+The same window also counts the engine's generated tokens (``generation_tokens_total``, when
+it reports them): queried, cached and generated tokens together are the engine's token work
+over the window, from which the controller rates how much prefix reuse raises its capacity
+(:mod:`controller.reuse`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from typing import Literal
@@ -62,6 +68,9 @@ class PrefixHitRate(msgspec.Struct, frozen=True, kw_only=True):
         Token counters windowed here, or the engine's own rate gauge.
     hits_tokens, queries_tokens : float or None
         Δhits and Δqueries over the window (counters only).
+    generated_tokens : float or None
+        Δ generated (output) tokens over the same window; None when the engine does not
+        count them (or a counter of the window is missing).
     start_s, end_s : float or None
         Unix seconds of the window's first and last scrape; ``start_s`` None: since the
         engine started (one scrape so far, or a gauge's window).
@@ -76,6 +85,7 @@ class PrefixHitRate(msgspec.Struct, frozen=True, kw_only=True):
     source: HitSource | None = None
     hits_tokens: float | None = None
     queries_tokens: float | None = None
+    generated_tokens: float | None = None
     start_s: float | None = None
     end_s: float | None = None
     reset: bool = False
@@ -100,7 +110,12 @@ UNKNOWN = PrefixHitRate(status="unknown")
 
 
 def _counted(
-    hits: float, queries: float, start_s: float | None, end_s: float, reset: bool
+    hits: float,
+    queries: float,
+    generated: float | None,
+    start_s: float | None,
+    end_s: float,
+    reset: bool,
 ) -> PrefixHitRate:
     if queries <= 0:
         status: HitStatus = "no_traffic"
@@ -109,7 +124,7 @@ def _counted(
         status, rate = "ok", min(1.0, max(0.0, hits / queries))
     return PrefixHitRate(
         status=status, rate=rate, source="counters", hits_tokens=hits, queries_tokens=queries,
-        start_s=start_s, end_s=end_s, reset=reset, engines=1,
+        generated_tokens=generated, start_s=start_s, end_s=end_s, reset=reset, engines=1,
     )  # fmt: skip
 
 
@@ -118,7 +133,8 @@ class PrefixHitTracker:
 
     Keeps the scrapes of the last ``window_s`` seconds and the newest one before them (the
     window's base), so the window covers at least ``window_s`` once the engine has been
-    scraped that long. Memory: one ``(time, queries, hits)`` triple per scrape in the window.
+    scraped that long. Memory: one ``(time, queries, hits, generated)`` tuple per scrape in
+    the window (generated NaN when the engine does not count them).
 
     Parameters
     ----------
@@ -138,7 +154,7 @@ class PrefixHitTracker:
             raise ValueError(f"window_s must be > 0, got {window_s!r}")
         self.window_s = window_s
         self.current = UNKNOWN
-        self._samples: deque[tuple[float, float, float]] = deque()
+        self._samples: deque[tuple[float, float, float, float]] = deque()
         self._reset_at_s: float | None = None
 
     def update(self, signals: EngineSignals) -> PrefixHitRate:
@@ -156,35 +172,43 @@ class PrefixHitTracker:
                     status="ok", rate=gauge, source="gauge", end_s=end, engines=1
                 )
             return self.current
-        self.current = self._window(signals.scraped_at_s, q, h)
+        g = signals.generation_tokens_total
+        self.current = self._window(signals.scraped_at_s, q, h, math.nan if g is None else g)
         return self.current
 
-    def _window(self, now_s: float, q: float, h: float) -> PrefixHitRate:
+    def _window(self, now_s: float, q: float, h: float, g: float) -> PrefixHitRate:
         samples = self._samples
-        if samples and (q < samples[-1][1] or h < samples[-1][2]):
+        if samples and (q < samples[-1][1] or h < samples[-1][2] or g < samples[-1][3]):
             # restarted after the last scrape: what it counted since is this window's
             last_s = samples[-1][0]
             samples.clear()
-            samples.append((last_s, 0.0, 0.0))
+            samples.append((last_s, 0.0, 0.0, 0.0))
             self._reset_at_s = last_s
-        samples.append((now_s, q, h))
+        samples.append((now_s, q, h, g))
         while len(samples) > 2 and samples[1][0] <= now_s - self.window_s:
             samples.popleft()
-        t0, q0, h0 = samples[0]
+        t0, q0, h0, g0 = samples[0]
         if len(samples) == 1:
-            return _counted(h, q, None, now_s, False)
+            return _counted(h, q, _finite(g), None, now_s, False)
         if self._reset_at_s is not None and self._reset_at_s < t0:
             self._reset_at_s = None  # the restart left the window
-        return _counted(h - h0, q - q0, t0, now_s, self._reset_at_s is not None)
+        return _counted(h - h0, q - q0, _finite(g - g0), t0, now_s, self._reset_at_s is not None)
+
+
+def _finite(x: float) -> float | None:
+    """``x``, or None for the NaN of a generation counter the engine does not report."""
+    return None if math.isnan(x) else x
 
 
 def fleet_hit_rate(rates: Iterable[PrefixHitRate]) -> PrefixHitRate:
     """The token-weighted hit rate of several engines' windows (see the module doc).
 
     Only windows from counters count (a gauge has no token weight). The result spans the
-    earliest start to the latest end (``start_s`` None if any counted window has no start).
+    earliest start to the latest end (``start_s`` None if any counted window has no start);
+    its ``generated_tokens`` is the sum when every counted window has one, else None.
     """
     hits = queries = 0.0
+    generated: float | None = 0.0
     n = 0
     starts: list[float | None] = []
     ends: list[float] = []
@@ -195,6 +219,11 @@ def fleet_hit_rate(rates: Iterable[PrefixHitRate]) -> PrefixHitRate:
         n += 1
         hits += r.hits_tokens
         queries += r.queries_tokens
+        generated = (
+            None
+            if generated is None or r.generated_tokens is None
+            else (generated + r.generated_tokens)
+        )
         starts.append(r.start_s)
         if r.end_s is not None:
             ends.append(r.end_s)
@@ -202,5 +231,5 @@ def fleet_hit_rate(rates: Iterable[PrefixHitRate]) -> PrefixHitRate:
     if n == 0:
         return UNKNOWN
     start = None if any(s is None for s in starts) else min(s for s in starts if s is not None)
-    out = _counted(hits, queries, start, max(ends) if ends else 0.0, reset)
+    out = _counted(hits, queries, generated, start, max(ends) if ends else 0.0, reset)
     return msgspec.structs.replace(out, engines=n)

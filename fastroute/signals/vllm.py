@@ -113,6 +113,8 @@ class EngineSignals(msgspec.Struct, kw_only=True):
     prefix_cache_hit_rate : float or None
         The engine's own recent prefix-cache hit rate (0..1), for engines that report a rate
         rather than counters (SGLang's ``cache_hit_rate``).
+    generation_tokens_total : float or None
+        Output tokens generated, cumulative (the decode half of the engine's token work).
     preemptions_total : float or None
         Cumulative preemptions.
     ttft_s : CumulativeHistogram or None
@@ -134,6 +136,7 @@ class EngineSignals(msgspec.Struct, kw_only=True):
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
     prefix_cache_hit_rate: float | None = None
+    generation_tokens_total: float | None = None
     preemptions_total: float | None = None
     ttft_s: CumulativeHistogram | None = None
     itl_s: CumulativeHistogram | None = None
@@ -343,6 +346,7 @@ def merge_signals(signals: Sequence[EngineSignals], model_name: str = "") -> Eng
             "num_requests_waiting",
             "prefix_cache_queries_total",
             "prefix_cache_hits_total",
+            "generation_tokens_total",
             "preemptions_total",
         ):
             v = getattr(s, fld)

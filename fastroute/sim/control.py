@@ -91,6 +91,9 @@ class ControlInput:
         Engine signals of the observed (lagged) window.
     weights : ndarray, shape (n_classes, n_engines)
         The table currently published.
+    engine_tokens : ndarray, shape (3, n_engines)
+        Each engine's cumulative (queried, cached, generated) token counters, as its
+        ``/metrics`` would show them now (the controller windows them for the reuse gain).
     """
 
     now_s: float
@@ -111,6 +114,7 @@ class ControlInput:
     mean_output_tokens: float
     window: EngineWindow
     weights: FloatArray
+    engine_tokens: FloatArray | None = None
 
 
 @dataclass

@@ -1467,6 +1467,7 @@ class Simulator:
             mean_output_tokens=self.mean_output,
             window=window,
             weights=self.weights,
+            engine_tokens=np.array([e.token_counts for e in self.engines], dtype=np.float64).T,
         )
         w0 = time.perf_counter()
         out: ControlOutput = self.optimiser(inp)

@@ -101,6 +101,7 @@ class SimEngine:
         "preemptions_lost",
         "cache_hits_lost",
         "cache_queries_lost",
+        "generated_lost",
         "type_name",
     )
 
@@ -146,6 +147,7 @@ class SimEngine:
         self.preemptions_lost = 0
         self.cache_hits_lost = 0
         self.cache_queries_lost = 0
+        self.generated_lost = 0
 
     def restart_model(self) -> None:
         """Replace the model by a fresh one (a crash loses the KV cache and every request)."""
@@ -153,6 +155,7 @@ class SimEngine:
         self.preemptions_lost += m.num_preemptions_total
         self.cache_hits_lost += m.prefix_cache_hits_total
         self.cache_queries_lost += m.prefix_cache_queries_total
+        self.generated_lost += m.generation_tokens_total
         self.generation += 1
         self.model = EngineModel(self.profile, self.config, seed=self.seed + self.generation)
         self.model.slowdown = self.slowdown
@@ -189,6 +192,14 @@ class SimEngine:
             self.cache_hits_lost + m.prefix_cache_hits_total,
             self.cache_queries_lost + m.prefix_cache_queries_total,
         )
+
+    @property
+    def token_counts(self) -> tuple[int, int, int]:
+        """(queried, cached, generated) tokens over the whole run: what an engine's
+        ``/metrics`` counters say (``vllm:prefix_cache_queries_total``, ``…_hits_total``,
+        ``vllm:generation_tokens_total``)."""
+        hit, queried = self.cache_hit_tokens
+        return queried, hit, self.generated_lost + self.model.generation_tokens_total
 
 
 def new_shared_loads(n_engines: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

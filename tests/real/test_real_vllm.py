@@ -186,7 +186,7 @@ def test_scraper_reads_the_real_vllm_metrics(
         return scraper
 
     scraper = asyncio.run(scrape())
-    served = 0.0
+    served = generated = 0.0
     for result in scraper.results.values():
         assert result.error is None and result.healthy is True and not result.metrics_disabled
         assert result.by_model is not None and list(result.by_model) == [rh.MODEL]
@@ -196,9 +196,12 @@ def test_scraper_reads_the_real_vllm_metrics(
         assert s.kv_cache_usage is not None and 0.0 <= s.kv_cache_usage <= 1.0
         assert s.prefix_cache_queries_total is not None and s.prefix_cache_hits_total is not None
         assert s.preemptions_total is not None
+        assert s.generation_tokens_total is not None  # the reuse gain's decode count
         assert s.ttft_s is not None and s.itl_s is not None and s.e2e_s is not None
         served += s.e2e_s.count
+        generated += s.generation_tokens_total
     assert served >= 1  # the request above finished on one of them
+    assert generated >= 1
 
 
 @pytest.mark.parametrize("client_usage", [False, True], ids=["no-usage", "usage"])

@@ -34,10 +34,10 @@ class Clock:
         return self.now
 
 
-async def _requests(url: str, n: int) -> None:
+async def _requests(url: str, n: int, prompt: str = "hello there", max_tokens: int = 4) -> None:
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
         for _ in range(n):
-            await client.completions.create(model="demo-8b", prompt="hello there", max_tokens=4)
+            await client.completions.create(model="demo-8b", prompt=prompt, max_tokens=max_tokens)
 
 
 def test_scrapes_make_windows_from_both_metric_generations_and_mark_stale() -> None:
@@ -147,13 +147,7 @@ def test_prefix_cache_hit_rates_come_from_the_engines_counters() -> None:
             names = [e.name for e in engines]
             try:
                 await scraper.scrape_once()
-                async with openai.AsyncOpenAI(
-                    base_url=fleet.urls[0] + "/v1", api_key="x", max_retries=0
-                ) as client:
-                    for _ in range(4):
-                        await client.completions.create(
-                            model="demo-8b", prompt=prompt, max_tokens=2
-                        )
+                await _requests(fleet.urls[0], 4, prompt, max_tokens=2)
                 clock.now += 2.0
                 await scraper.scrape_once()
                 model = fleet[0].model
@@ -181,6 +175,71 @@ def test_prefix_cache_hit_rates_come_from_the_engines_counters() -> None:
                 text = generate_latest(metrics.registry).decode()
                 assert f'{ratio}{{engine="engine-0"}}' not in text
                 assert "fastroute_controller_prefix_cache_hit_ratio NaN" in text
+            finally:
+                await scraper.close()
+
+    run(main())
+
+
+def test_the_scraped_token_work_rates_the_reuse_gain() -> None:
+    """Repeats of one long prompt on both engines of a peer group: the drained scrape window
+    carries each engine's queried, cached and generated tokens (its own ``/metrics``
+    counters), and the fleet model plans the group at ``capacity_rps`` × the gain of their
+    sums; the controller exports the gain."""
+    from prometheus_client import generate_latest
+
+    from controller.learning import FleetLearning
+    from controller.metrics import ControllerMetrics
+    from controller.model import FleetModel
+    from controller.options import ControllerOptions
+    from controller.reuse import reuse_gain
+    from fastroute.config import decode_config
+
+    async def main() -> None:
+        specs = [
+            EngineSpec(name=f"engine-{i}", model_name="demo-8b", profile="h100", port=0)
+            for i in range(2)
+        ]
+        prompt = "tell me hello world " * 200
+        async with EmulatedFleet(specs) as fleet:
+            toml = "".join(
+                f'[[engines]]\nname = "engine-{i}"\nurl = "{u}"\nmodels = ["demo-8b"]\n'
+                f'hardware = "h100"\ncapacity_rps = 10.0\n\n'
+                for i, u in enumerate(fleet.urls)
+            )
+            config = decode_config(toml, source="test.toml")
+            learning = FleetLearning(config, FleetModel.from_config(config), ControllerOptions())
+            clock = Clock()
+            scraper = EngineScraper(
+                config.engines, interval_s=1.0, timeout_s=5.0, stale_after_s=3.0, clock=clock
+            )
+            try:
+                await scraper.scrape_once()
+                before = [e.model.generation_tokens_total for e in fleet]
+                for url in fleet.urls:
+                    await _requests(url, 4, prompt, max_tokens=8)
+                clock.now += 2.0
+                await scraper.scrape_once()
+                window = scraper.drain(clock.now)
+                generated = [
+                    e.model.generation_tokens_total - b for e, b in zip(fleet, before, strict=True)
+                ]
+                assert [r.generated_tokens for r in window.prefix_hits] == generated
+                q = sum(r.queries_tokens or 0.0 for r in window.prefix_hits)
+                h = sum(r.hits_tokens or 0.0 for r in window.prefix_hits)
+                expected = reuse_gain(q, h, sum(generated), max_gain=4.0)
+                assert h > q / 2 and expected > 1.0  # 3 of 4 repeats hit the cache
+                learning.close_window(clock.now, window)
+                assert learning.reuse_gain.tolist() == [expected, expected]
+                caps = learning.model.groups.engine_capacity_rps
+                assert caps.tolist() == pytest.approx([10.0 * expected] * 2)
+                metrics = ControllerMetrics()
+                metrics.engine_reuse_gain.labels("engine-0").set(float(learning.reuse_gain[0]))
+                text = generate_latest(metrics.registry).decode()
+                assert (
+                    f'fastroute_controller_engine_reuse_gain{{engine="engine-0"}} {expected!r}'
+                    in text
+                )
             finally:
                 await scraper.close()
 

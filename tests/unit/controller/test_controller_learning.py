@@ -12,20 +12,26 @@ import pytest
 from controller.learning import FleetLearning
 from controller.model import FleetModel
 from controller.options import ControllerOptions
+from controller.scrape import ScrapeWindow
 from fastroute.config import Config, decode_config
+from fastroute.signals.prefix_cache import PrefixHitRate
 from fastroute.tables import FLAG_UNAVAILABLE
 
 MODEL = "demo-8b"
 
 
 def config() -> Config:
+    return config_with("")
+
+
+def config_with(extra_toml: str) -> Config:
     engines = "".join(
         f'[[engines]]\nname = "engine-{i}"\nurl = "http://127.0.0.1:{9 + i}"\n'
         f'models = ["{MODEL}"]\nregion = "east"\nhardware = "{hw}"\ncapacity_rps = 10.0\n\n'
         for i, hw in enumerate(("h100", "h100", "a40"))
     )
     toml = engines + '[[network.regions]]\nname = "east"\n\n[proxy]\ncluster = "east"\n'
-    return decode_config(toml, source="test.toml")
+    return decode_config(toml + extra_toml, source="test.toml")
 
 
 def learning(options: ControllerOptions | None = None) -> FleetLearning:
@@ -75,3 +81,41 @@ def test_adopt_carries_counters_always_and_the_learnt_state_when_asked() -> None
     again.adopt(old, learnt=True)
     assert again.health is old.health and again.fitter is old.fitter
     assert again.model.groups.engine_capacity_rps[2] == pytest.approx(5.0)
+
+
+def _scraped(n: int, hits: list[PrefixHitRate]) -> ScrapeWindow:
+    nan = np.full(n, np.nan)
+    zeros = np.zeros(n)
+    return ScrapeWindow(
+        ttft_count=zeros, ttft_sum_s=zeros, tbot_count=zeros, tbot_sum_s=zeros,
+        load_rps=nan, running=nan, waiting=nan, kv_cache_usage=nan,
+        stale=np.zeros(n, dtype=bool), prefix_hits=tuple(hits),
+    )  # fmt: skip
+
+
+def _window(queried: float, hit: float, generated: float | None) -> PrefixHitRate:
+    return PrefixHitRate(
+        status="ok", rate=hit / queried, source="counters", hits_tokens=hit,
+        queries_tokens=queried, generated_tokens=generated, engines=1,
+    )  # fmt: skip
+
+
+def test_measured_reuse_raises_the_planned_capacity_of_its_peer_group() -> None:
+    """The two h100s cache 4/5 of 1000 queried tokens each (gain 5 → the cap, 4); the a40 does
+    not count generated tokens, so its capacity stays nominal. The groups follow; a window
+    without reuse puts the capacities back."""
+    fl = learning()
+    fl.health.health[:] = 1.0
+    reused = [_window(1000, 800, 0), _window(1000, 800, 0), _window(1000, 900, None)]
+    assert fl.close_window(1_000.0, _scraped(3, reused)) == []
+    assert fl.reuse_gain.tolist() == [4.0, 4.0, 1.0]
+    assert fl.model.groups.engine_capacity_rps.tolist() == pytest.approx([40.0, 40.0, 10.0])
+    np.testing.assert_array_equal(fl.model.capacity_rps, 10.0)  # the rating is unchanged
+    cold = [_window(1000, 0, 100)] * 3
+    fl.close_window(1_005.0, _scraped(3, cold))
+    assert fl.model.groups.engine_capacity_rps.tolist() == pytest.approx([10.0, 10.0, 10.0])
+    capped = FleetLearning(
+        config_with("[controller]\nmax_reuse_gain = 1.0\n"), fl.model, ControllerOptions()
+    )
+    capped.close_window(1_000.0, _scraped(3, reused))
+    assert capped.reuse_gain.tolist() == [1.0, 1.0, 1.0]

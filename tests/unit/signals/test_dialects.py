@@ -44,6 +44,7 @@ def test_real_vllm_0_32_page() -> None:
     assert (s.prefix_cache_queries_total, s.prefix_cache_hits_total) == (737.0, 128.0)
     assert s.prefix_cache_hit_ratio == pytest.approx(128 / 737)
     assert s.prefix_cache_hit_rate is None and s.preemptions_total == 0.0
+    assert s.generation_tokens_total == 51.0
     assert s.ttft_s is not None and s.ttft_s.count == 14.0
     assert s.ttft_s.sum == pytest.approx(1.2838218212127686)
     assert s.ttft_s.buckets[-1] == (float("inf"), 14.0)
@@ -62,7 +63,7 @@ def test_sglang_page_with_rank_labels() -> None:
     assert s.kv_cache_usage == 0.28
     assert s.prefix_cache_hit_rate == pytest.approx(0.007507552643049313)
     assert (s.prefix_cache_queries_total, s.prefix_cache_hits_total) == (8.128902e6, 61024.0)
-    assert s.preemptions_total == 4.0
+    assert s.preemptions_total == 4.0 and s.generation_tokens_total == 7.557572e6
     assert s.ttft_s is not None and (s.ttft_s.count, s.ttft_s.sum) == (100.0, 21.5)
     assert s.ttft_s.buckets == ((0.1, 10.0), (0.2, 40.0), (0.4, 90.0), (float("inf"), 100.0))
     assert s.itl_s is not None and s.itl_s.count == 1000.0
@@ -97,7 +98,7 @@ def test_llamacpp_page_has_no_model_label_and_no_histograms() -> None:
     assert (s.num_requests_running, s.num_requests_waiting) == (2.0, 1.0)
     assert s.kv_cache_usage is None  # current llama-server builds do not export it
     assert s.ttft_s is None and s.itl_s is None and s.e2e_s is None
-    assert s.prefix_cache_queries_total is None
+    assert s.prefix_cache_queries_total is None and s.generation_tokens_total == 7801.0
 
 
 def test_older_llamacpp_exports_kv_cache_usage() -> None:

@@ -26,11 +26,13 @@ def page(name: str) -> str:
     return (PAGES / name).read_text()
 
 
-def vllm_page(queries: float, hits: float) -> str:
-    """The real vLLM 0.32 page (737 queried, 128 hit) with the counters set to these."""
+def vllm_page(queries: float, hits: float, generated: float = 51.0) -> str:
+    """The real vLLM 0.32 page (737 queried, 128 hit, 51 generated) with the counters set to
+    these."""
     text = re.sub(r"(vllm:prefix_cache_queries_total\{[^}]*\}) 737\.0", rf"\1 {queries}", page(
         "vllm_0_32.txt"
     ))  # fmt: skip
+    text = re.sub(r"(vllm:generation_tokens_total\{[^}]*\}) 51\.0", rf"\1 {generated}", text)
     return re.sub(r"(vllm:prefix_cache_hits_total\{[^}]*\}) 128\.0", rf"\1 {hits}", text)
 
 
@@ -49,6 +51,20 @@ def test_vllm_window_is_the_difference_of_the_token_counters() -> None:
     assert second.rate == pytest.approx(0.75)
     assert (second.start_s, second.end_s, second.window_s) == (100.0, 105.0, 5.0)
     assert not second.reset and second.engines == 1
+
+
+def test_the_window_counts_the_generated_tokens_too() -> None:
+    t = PrefixHitTracker(window_s=60.0)
+    assert t.update(scrape(page("vllm_0_32.txt"), "vllm", 100.0)).generated_tokens == 51.0
+    r = t.update(scrape(vllm_page(1249.0, 512.0, generated=251.0), "vllm", 105.0))
+    assert (r.queries_tokens, r.hits_tokens, r.generated_tokens) == (512.0, 384.0, 200.0)
+    no_counter = re.sub(r"vllm:generation_tokens_total\{[^}]*\} 51\.0\n", "", page("vllm_0_32.txt"))
+    assert PrefixHitTracker().update(scrape(no_counter, "vllm", 1.0)).generated_tokens is None
+    # a generation counter going backwards is a restart like the prefix counters'
+    back = t.update(scrape(vllm_page(1300.0, 520.0, generated=10.0), "vllm", 108.0))
+    assert back.reset and back.generated_tokens == 10.0
+    lama = PrefixHitTracker().update(scrape(page("llamacpp.txt"), "llamacpp", 1.0))
+    assert lama.status == "unknown" and lama.generated_tokens is None  # no prefix counters
 
 
 def test_no_new_queries_is_no_traffic_not_zero() -> None:
@@ -127,6 +143,7 @@ def test_fleet_rate_is_token_weighted_over_the_engines_with_counters() -> None:
     fleet = fleet_hit_rate([ra, rb, gauge, PrefixHitTracker().current])
     assert fleet.rate == pytest.approx(900 / 1100)  # not the mean of 0.9 and 0
     assert fleet.engines == 2 and (fleet.start_s, fleet.end_s) == (100.0, 111.0)
+    assert fleet.generated_tokens == 0.0  # both windows counted their (unchanged) 51
     assert fleet_hit_rate([gauge]).status == "unknown"
     idle = a.update(scrape(vllm_page(1000.0, 900.0), "vllm", 120.0))  # base: t=110
     assert idle.status == "no_traffic"

@@ -62,3 +62,21 @@ def test_unknown_optimiser_lists_the_known_ones():
         make_optimiser("lq")
     with pytest.raises(ValueError, match="kappa"):
         make_optimiser("lp", {"kappa_s": -1.0})
+
+
+def test_the_lp_rates_measured_reuse_and_splits_identical_engines_evenly(small):
+    """Multi-turn chat resends its history, so the engines' token counters show reuse and the
+    LP plans each region's pair at capacity × that gain (in ``info``, one value per peer
+    group, up to the cap); with ``max_reuse_gain = 1`` it plans at the nominal capacity. The
+    two engines of a region are one LP column: equal weights in every period."""
+    scenario = small(control={"optimiser": "lp", "period_s": 5.0})
+    result = Simulator(scenario, seed=1).run()
+    gains = [c.info["reuse_gain"] for c in result.control if "reuse_gain" in c.info]
+    assert gains and max(max(g) for g in gains) > 1.0
+    assert all(1.0 <= x <= 4.0 for g in gains for x in g)
+    assert all(g[0] == g[1] and g[2] == g[3] for g in gains)  # peers share one gain
+    for c in result.control:
+        assert c.weights[:, 0] == pytest.approx(c.weights[:, 1])
+        assert c.weights[:, 2] == pytest.approx(c.weights[:, 3])
+    off = small(control={"optimiser": "lp", "period_s": 5.0, "params": {"max_reuse_gain": 1.0}})
+    assert all("reuse_gain" not in c.info for c in Simulator(off, seed=1).run().control)
