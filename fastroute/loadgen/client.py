@@ -18,9 +18,8 @@ import aiohttp
 import msgspec
 
 from fastroute.loadgen.records import RequestRecord
-from fastroute.proxy.http.openai_errors import parse_error_body
 
-__all__ = ["send_chat", "ChatReply"]
+__all__ = ["send_chat", "ChatReply", "error_code"]
 
 ENGINE_HEADER = "x-fastroute-engine"
 
@@ -91,6 +90,27 @@ def _apply_usage(record: RequestRecord, usage: _Usage | None) -> None:
     record.prompt_tokens = usage.prompt_tokens
     if usage.prompt_tokens_details is not None:
         record.cached_tokens = usage.prompt_tokens_details.cached_tokens
+
+
+def error_code(body: bytes) -> str | None:
+    """The ``code`` of an error body as a string, in OpenAI's wrapped shape
+    (``{"error": {"code": ...}}``: the proxy, vLLM, llama.cpp) or SGLang's flat one
+    (``{"object": "error", "code": ...}``); None when there is none or the body is not JSON.
+
+    The load driver is a client of any router (the peers included) and imports nothing of
+    fastroute's server side, so it reads the two shapes itself.
+    """
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    err = doc.get("error")
+    code = err.get("code") if isinstance(err, dict) else doc.get("code")
+    if isinstance(code, bool) or not isinstance(code, str | int):
+        return None
+    return str(code)
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, t_sent: float) -> str:
@@ -203,10 +223,8 @@ async def send_chat(
             record.status = resp.status
             record.engine = resp.headers.get(ENGINE_HEADER)
             if resp.status != 200:
-                fields = parse_error_body(await resp.read())
                 record.error = f"http_{resp.status}"
-                if fields is not None and fields.code is not None:
-                    record.error_code = str(fields.code)
+                record.error_code = error_code(await resp.read())
             elif record.stream:
                 text = await _read_stream(resp, record, t_sent)
             else:

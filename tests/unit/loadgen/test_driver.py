@@ -11,6 +11,7 @@ import pytest
 from loadgen_server import ChatServer
 
 from fastroute.loadgen import DriveOptions, LoadDriver
+from fastroute.loadgen.client import error_code
 from fastroute.workload import Session, Turn
 
 pytestmark = pytest.mark.integration
@@ -271,3 +272,18 @@ def test_bad_options_are_rejected() -> None:
         DriveOptions(concurrency=0)
     with pytest.raises(ValueError, match="targets"):
         LoadDriver({})
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"error": {"message": "m", "code": "load_shed"}}', "load_shed"),
+        (b'{"object": "error", "message": "m", "code": 429}', "429"),  # SGLang's flat shape
+        (b'{"error": "busy"}', None),
+        (b'{"error": {"code": true}}', None),
+        (b"<html>busy</html>", None),
+        (b"[1]", None),
+    ],
+)
+def test_error_code_reads_both_error_shapes(body: bytes, code: str | None) -> None:
+    assert error_code(body) == code
