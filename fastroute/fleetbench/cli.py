@@ -1,8 +1,9 @@
 """``fastroute bench fleet SPEC.toml``: routers side by side on an emulated fleet.
 
 Runs the spec's workload through each router in turn (a fresh fleet each time),
-then prints a markdown table and writes ``results.json`` and ``results.md`` (and
-``ttft_cdf.png`` with ``--plots`` when matplotlib is installed) into ``--out``. Given
+then prints a markdown table and writes ``results.json``, ``results.md``, each router's
+request records (``records/<router>.jsonl``) and, with ``--plots`` when matplotlib is
+installed, ``ttft_cdf.png`` into ``--out``. Given
 several specs, it runs them one after the other into ``--out/<spec name>/`` and adds
 ``--out/summary.md``: goodput per spec (row) and router (column).
 Exit status: 0 when every available router ran to the end, 1 when one failed to
@@ -172,6 +173,7 @@ def _run_specs(specs: list[BenchSpec], args: argparse.Namespace) -> int:
         (spec_out / "results.md").write_text(text)
         report.write_json(spec_out / "results.json", spec, results, machine, command)
         print(text, flush=True)
+        say(report.write_records(spec_out, records))
         if args.plots:
             say(report.write_plots(spec_out, results, records))
         say(f"written: {spec_out / 'results.md'}, {spec_out / 'results.json'}")

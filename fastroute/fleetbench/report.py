@@ -248,6 +248,23 @@ def write_json(
     path.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
 
 
+def write_records(out_dir: Path, records: dict[str, list[Any]]) -> str:
+    """Each router's measured-window request records as ``records/<router>.jsonl``.
+
+    One :class:`~fastroute.loadgen.records.RequestRecord` per line, as the client saw it
+    (engine, latencies, prompt and cached tokens, error code): what a tail is made of,
+    for reading after the run. Return what was written.
+    """
+    folder = out_dir / "records"
+    folder.mkdir(exist_ok=True)
+    written = []
+    for router, recs in records.items():
+        path = folder / f"{router.replace('/', '_')}.jsonl"
+        path.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in recs))
+        written.append(f"{path.name} ({len(recs)})")
+    return f"records: {folder} " + ", ".join(written)
+
+
 def write_plots(
     out_dir: Path,
     results: Sequence[RouterResult],

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import msgspec
 import pytest
 from bench_specs import write_pd_spec
 
 from fastroute.fleetbench import cli
-from fastroute.fleetbench.report import aggregate_report, goodput_table
+from fastroute.fleetbench.report import aggregate_report, goodput_table, write_records
 from fastroute.fleetbench.runner import RouterResult
 from fastroute.fleetbench.spec import load_spec
 from fastroute.loadgen.records import RequestRecord
@@ -45,6 +46,17 @@ def test_the_429_column_says_who_refused() -> None:
     summary = summarize(records, 10.0)
     lines = goodput_table([RouterResult(router="fr", status="ok", summary=summary)])
     assert lines[4].endswith("| 3 | 2 (load_shed 1, overloaded 1) | 0 |")
+
+
+def test_records_are_written_one_file_per_router_one_line_per_request(tmp_path: Path) -> None:
+    records = {"fastroute": [_record(0, 0.1), _record(1, None, "http_429")], "sglang:rr": []}
+    records["fastroute"][1].error_code = "load_shed"
+    said = write_records(tmp_path, records)
+    lines = (tmp_path / "records" / "fastroute.jsonl").read_bytes().splitlines()
+    back = [msgspec.json.decode(line, type=RequestRecord) for line in lines]
+    assert back == records["fastroute"]
+    assert (tmp_path / "records" / "sglang:rr.jsonl").read_bytes() == b""
+    assert "fastroute.jsonl (2)" in said
 
 
 def test_the_aggregate_has_a_row_per_spec_and_a_column_per_router(tmp_path: Path) -> None:
