@@ -19,9 +19,10 @@ import msgspec
 
 from fastroute.loadgen.records import RequestRecord
 
-__all__ = ["send_chat", "ChatReply", "error_code"]
+__all__ = ["send_chat", "ChatReply", "error_code", "route_reason"]
 
 ENGINE_HEADER = "x-fastroute-engine"
+DECISION_HEADER = "x-fastroute-decision"
 
 
 class _Delta(msgspec.Struct):
@@ -111,6 +112,16 @@ def error_code(body: bytes) -> str | None:
     if isinstance(code, bool) or not isinstance(code, str | int):
         return None
     return str(code)
+
+
+def route_reason(decision: str | None) -> str | None:
+    """The ``reason`` field of an ``x-fastroute-decision`` value
+    (``policy=…;reason=…;rank=…``); None when there is no header or no such field."""
+    for field in (decision or "").split(";"):
+        name, _, value = field.partition("=")
+        if name == "reason" and value:
+            return value
+    return None
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, t_sent: float) -> str:
@@ -222,6 +233,7 @@ async def send_chat(
         async with http.post(url, data=body, headers=all_headers) as resp:
             record.status = resp.status
             record.engine = resp.headers.get(ENGINE_HEADER)
+            record.route_reason = route_reason(resp.headers.get(DECISION_HEADER))
             if resp.status != 200:
                 record.error = f"http_{resp.status}"
                 record.error_code = error_code(await resp.read())

@@ -59,6 +59,10 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         was 200 or its body had none.
     engine : str or None
         The ``x-fastroute-engine`` response header (engines and fastroute set it).
+    route_reason : str or None
+        The ``reason`` field of fastroute's ``x-fastroute-decision`` header (why the
+        policy chose that engine: ``prefix-home``, ``cost-spill``, ...); None from a
+        router that does not send it.
     ttft_s, tbot_s, max_gap_s, e2e_s : float or None
         Client-side latencies, seconds (see the module doc).
     output_tokens : int
@@ -80,6 +84,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     error: str | None = None
     error_code: str | None = None
     engine: str | None = None
+    route_reason: str | None = None
     ttft_s: float | None = None
     tbot_s: float | None = None
     max_gap_s: float | None = None

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from fastroute.loadgen.client import send_chat
+from fastroute.loadgen.client import route_reason, send_chat
 from fastroute.loadgen.records import RequestRecord
 from fastroute.testing.servers import serve_app
 
@@ -54,3 +54,41 @@ def test_reasoning_deltas_are_tokens_and_start_the_ttft() -> None:
     assert record.ttft_s is not None and record.ttft_s < GAP_S  # the first reasoning delta
     assert record.max_gap_s is not None and record.max_gap_s >= GAP_S * 0.9
     assert record.tbot_s is not None and record.tbot_s >= GAP_S / 3 * 0.9
+
+
+async def _decided(request: web.Request) -> web.Response:
+    """A JSON reply carrying fastroute's decision headers."""
+    headers = {
+        "x-fastroute-engine": "e1",
+        "x-fastroute-decision": "policy=prefix-hrw;reason=cost-spill;rank=0;attempt=1",
+    }
+    body = {"choices": [{"message": {"content": "ok"}}], "usage": {"completion_tokens": 1}}
+    return web.json_response(body, headers=headers)
+
+
+def test_the_record_keeps_the_decision_reason() -> None:
+    async def main() -> RequestRecord:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", _decided)
+        async with serve_app(app) as url, aiohttp.ClientSession() as http:
+            record = RequestRecord(
+                session_id="s",
+                tenant="t",
+                source="c",
+                model="m",
+                turn=0,
+                sent_at_s=0.0,
+                stream=False,
+            )
+            await send_chat(http, url + "/v1/chat/completions", b"{}", record)
+            return record
+
+    record = asyncio.run(asyncio.wait_for(main(), 10.0))
+    assert (record.engine, record.route_reason) == ("e1", "cost-spill")
+
+
+def test_route_reason_reads_only_the_reason_field() -> None:
+    assert route_reason("policy=p;reason=prefix-home;rank=0") == "prefix-home"
+    assert route_reason("policy=p;rank=0") is None
+    assert route_reason("reason=") is None
+    assert route_reason(None) is None
