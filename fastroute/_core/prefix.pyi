@@ -26,6 +26,7 @@ class PrefixPicker:
     block_bytes: int
     prefix_bytes: int
     balance_factor: float
+    affinity_slack: float
     hot_share_factor: float
     deep: bool
     bytes_per_token: float
@@ -41,6 +42,7 @@ class PrefixPicker:
         deep: bool = False,
         bytes_per_token: float = 4.0,
         max_keys: int = ...,
+        affinity_slack: float = 1.0,
     ) -> None: ...
     def keys(self, prefix: bytes, key_hash: int, key_depth_bytes: int) -> list[tuple[int, int]]: ...
     def choose(

@@ -228,6 +228,7 @@ cdef class PrefixPicker:
     cdef readonly Py_ssize_t block_bytes
     cdef readonly Py_ssize_t prefix_bytes
     cdef readonly double balance_factor
+    cdef readonly double affinity_slack
     cdef readonly double hot_share_factor
     cdef readonly bint deep
     cdef readonly double bytes_per_token
@@ -238,13 +239,15 @@ cdef class PrefixPicker:
 
     def __init__(self, Py_ssize_t block_bytes, Py_ssize_t prefix_bytes, double balance_factor,
                  double hot_share_factor, double hot_half_life_requests, bint deep=False,
-                 double bytes_per_token=4.0, Py_ssize_t max_keys=DEFAULT_MAX_KEYS):
+                 double bytes_per_token=4.0, Py_ssize_t max_keys=DEFAULT_MAX_KEYS,
+                 double affinity_slack=1.0):
         if block_bytes < 1 or prefix_bytes // block_bytes >= (<Py_ssize_t>1) << (_KEYS_CAP - 2):
             raise ValueError(f"at most {_KEYS_CAP - 1} depths: prefix_bytes / block_bytes "
                              f"must be < 2**{_KEYS_CAP - 2}")
         self.block_bytes = block_bytes
         self.prefix_bytes = prefix_bytes
         self.balance_factor = balance_factor
+        self.affinity_slack = affinity_slack
         self.hot_share_factor = hot_share_factor
         self.deep = deep
         self.bytes_per_token = bytes_per_token
@@ -378,10 +381,14 @@ cdef class PrefixPicker:
             if out_idx == NULL:
                 raise MemoryError()
         cdef Py_ssize_t m, used, least
-        cdef int64_t floor
+        cdef bint cold = self._cold(tree.m)
+        # The first candidate's home may exceed the bound by what staying there saves.
+        cdef double home_saving = self._saving_tokens(keys, 0 if cold else keys.depths[chosen[0]])
+        cdef double saving
         try:
             m = selector._tree_rank_prefix_c(tree, candidate_keys, n_chosen, row, k, load,
-                                             self.balance_factor, out_idx, &used)
+                                             self.balance_factor, out_idx, &used,
+                                             <int64_t>(self.affinity_slack * home_saving))
             if m == 0:
                 return [], "", -1
             ranked = [out_idx[i] for i in range(m)]
@@ -395,8 +402,8 @@ cdef class PrefixPicker:
             if depth == 0 and key_depth == 0:
                 return ranked, reason, depth  # the client's session: never cost-spilled
             # cold: the deciding key was not chosen for its cache, so only what was observed
-            floor = 0 if self._cold(tree.m) else depth
-            least = self._cheaper_elsewhere(selector, tree, keys, floor, out_idx[0], row, load)
+            saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
+            least = self._cheaper_elsewhere(selector, tree, keys, saving, out_idx[0], row, load)
             if least < 0:
                 return ranked, reason, depth
             spilled = [least]
@@ -408,20 +415,25 @@ cdef class PrefixPicker:
             if k > _SMALL_K:
                 free(out_idx)
 
-    cdef Py_ssize_t _cheaper_elsewhere(self, Selector selector, TreeState tree,
-                                       const RequestKeys* keys, int64_t depth,
-                                       Py_ssize_t home, Py_ssize_t row,
-                                       const int64_t[:] load):
-        # The spec's _cheaper_elsewhere, on the tree's load chunks.
-        cdef int64_t seen = depth, home_load
-        cdef Py_ssize_t j, least
+    cdef double _saving_tokens(self, const RequestKeys* keys, int64_t depth):
+        # The spec's _saving_tokens: the deepest depth the seen table holds, >= depth.
+        cdef int64_t seen = depth
+        cdef Py_ssize_t j
         for j in range(keys.n_keys - 1, -1, -1):
             if keys.depths[j] <= seen:
                 break
             if self.seen._share(keys.hashes[j]) > 0.0:
                 seen = keys.depths[j]
                 break
-        cdef double saving_tokens = <double>seen / self.bytes_per_token
+        return <double>seen / self.bytes_per_token
+
+    cdef Py_ssize_t _cheaper_elsewhere(self, Selector selector, TreeState tree,
+                                       const RequestKeys* keys, double saving_tokens,
+                                       Py_ssize_t home, Py_ssize_t row,
+                                       const int64_t[:] load):
+        # The spec's _cheaper_elsewhere, on the tree's load chunks.
+        cdef int64_t home_load
+        cdef Py_ssize_t least
         home_load = load[home]
         if <double>home_load <= saving_tokens:
             return -1

@@ -175,6 +175,9 @@ class PrefixPicker:
     ----------
     block_bytes, prefix_bytes, balance_factor, hot_share_factor, hot_half_life_requests
         The policy's tunables (validated by the policy).
+    affinity_slack : float
+        The policy's tunable: how far (in units of the request's saving) the first
+        candidate's home may be above the load bound and keep the request.
     deep : bool
         Try the deepest key first (``order = "deep"``).
     bytes_per_token : float
@@ -193,10 +196,12 @@ class PrefixPicker:
         deep: bool = False,
         bytes_per_token: float = 4.0,
         max_keys: int = DEFAULT_MAX_KEYS,
+        affinity_slack: float = 1.0,
     ) -> None:
         self.block_bytes = int(block_bytes)
         self.prefix_bytes = int(prefix_bytes)
         self.balance_factor = float(balance_factor)
+        self.affinity_slack = float(affinity_slack)
         self.hot_share_factor = float(hot_share_factor)
         self.deep = bool(deep)
         self.bytes_per_token = float(bytes_per_token)
@@ -241,8 +246,17 @@ class PrefixPicker:
         n_eligible = selector.tree_size(request.row, mask)
         candidates, upto = self._candidates(keys, n_eligible, route)
         self._last = (request, [h for _, h in keys], upto)
+        cold = self._cold(n_eligible)
+        # The first candidate's home may exceed the bound by what staying there saves.
+        home_saving = self._saving_tokens(keys, 0 if cold else candidates[0][0])
         ranked, used = selector.tree_rank_prefix(
-            [h for _, h in candidates], request.row, k, loads, self.balance_factor, mask
+            [h for _, h in candidates],
+            request.row,
+            k,
+            loads,
+            self.balance_factor,
+            mask,
+            int(self.affinity_slack * home_saving),
         )
         if not ranked:
             return ranked, "", -1
@@ -256,8 +270,8 @@ class PrefixPicker:
             return ranked, reason, depth  # the client's session: never cost-spilled
         # Cold: the deciding key was not chosen for its cache, so the saving is only what
         # the share table observed.
-        floor = 0 if self._cold(n_eligible) else depth
-        least = self._cheaper_elsewhere(selector, request.row, keys, floor, ranked[0], loads, mask)
+        saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
+        least = self._cheaper_elsewhere(selector, request.row, keys, saving, ranked[0], loads, mask)
         if least < 0:
             return ranked, reason, depth
         return [least, *(i for i in ranked if i != least)][:k], "cost-spill", -1
@@ -267,7 +281,7 @@ class PrefixPicker:
         selector: Any,
         row: int,
         keys: list[tuple[int, int]],
-        depth: int,
+        saving_tokens: float,
         home: int,
         loads: Any,
         mask: np.ndarray,
@@ -277,21 +291,12 @@ class PrefixPicker:
         ``L_home - L_t > saving + L_t``.
 
         All terms are prompt tokens to prefill, the policy's loads (queued prompt tokens:
-        prefill work a new request waits behind). The saving is the deepest depth of this
-        request the seen table holds (a routed request sent that prefix recently), at
-        least the deciding key's depth. ``L_t`` stands for what the spill costs the others:
-        the spilled request prefills the saving again at ``t`` and delays by that much
-        whatever queues behind it there (in a burst, when every engine has a queue, the
-        re-prefills spend capacity the fleet does not have).
+        prefill work a new request waits behind); the saving is :meth:`_saving_tokens`.
+        ``L_t`` stands for what the spill costs the others: the spilled request prefills
+        the saving again at ``t`` and delays by that much whatever queues behind it there
+        (in a burst, when every engine has a queue, the re-prefills spend capacity the
+        fleet does not have).
         """
-        seen = depth
-        for d, key in reversed(keys):
-            if d <= seen:
-                break
-            if self.seen.share(key) > 0.0:
-                seen = d
-                break
-        saving_tokens = seen / self.bytes_per_token
         home_load = int(loads[home])
         if home_load <= saving_tokens:
             return -1  # no engine can be lighter by more than the saving
@@ -302,6 +307,19 @@ class PrefixPicker:
         if home_load - target_load <= saving_tokens + target_load:
             return -1  # the gain does not pay for the queue the request joins
         return least
+
+    def _saving_tokens(self, keys: list[tuple[int, int]], depth: int) -> float:
+        """The prefill, in tokens, that going to the deciding key's home saves: the
+        deepest depth of this request the seen table holds (a routed request sent that
+        prefix recently), at least ``depth`` (the deciding key's, 0 when cold)."""
+        seen = depth
+        for d, key in reversed(keys):
+            if d <= seen:
+                break
+            if self.seen.share(key) > 0.0:
+                seen = d
+                break
+        return seen / self.bytes_per_token
 
     def _cold(self, n_eligible: int) -> bool:
         """Too few observations (under 2 per eligible engine) to tell a share from noise;

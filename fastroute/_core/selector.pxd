@@ -78,11 +78,12 @@ cdef class Selector:
     cdef Py_ssize_t _tree_rank_c(self, TreeState t, uint64_t key, Py_ssize_t row,
                                  Py_ssize_t k, Py_ssize_t* out_idx, const int64_t[:] load,
                                  double total_w, double limit, int filtered,
-                                 Py_ssize_t cap, bint probe, int64_t max_load=*) except -1
+                                 Py_ssize_t cap, bint probe, int64_t max_load=*,
+                                 int64_t slack=*) except -1
     cdef Py_ssize_t _tree_rank_prefix_c(self, TreeState t, const uint64_t* keys,
                                         Py_ssize_t n_keys, Py_ssize_t row, Py_ssize_t k,
                                         const int64_t[:] load, double c, Py_ssize_t* out_idx,
-                                        Py_ssize_t* used) except -1
+                                        Py_ssize_t* used, int64_t home_slack=*) except -1
     cdef Py_ssize_t _tree_least_loaded(self, TreeState t, uint64_t key, Py_ssize_t row,
                                        const int64_t[:] load) except -2
 

@@ -54,8 +54,10 @@ class Selector:
         loads: npt.ArrayLike,
         balance_factor: float,
         available: Any = None,
+        home_slack: int = 0,
     ) -> tuple[list[int], int]:
-        """``rank_prefix`` on the tree ranking, with bounded-staleness load totals."""
+        """``rank_prefix`` on the tree ranking, with bounded-staleness load totals; the
+        first key's home is within bound with ``home_slack`` (load units)."""
     def tree_least_loaded(
         self, key_hash: int, row: int, loads: npt.ArrayLike, available: Any = None
     ) -> int:

@@ -637,10 +637,12 @@ cdef class Selector:
     cdef Py_ssize_t _tree_rank_c(self, TreeState t, uint64_t key, Py_ssize_t row,
                                  Py_ssize_t k, Py_ssize_t* out_idx, const int64_t[:] load,
                                  double total_w, double limit, int filtered,
-                                 Py_ssize_t cap, bint probe, int64_t max_load=0) except -1:
+                                 Py_ssize_t cap, bint probe, int64_t max_load=0,
+                                 int64_t slack=0) except -1:
         # selector_tree.rank_tree: up to k engines (within bound when filtered) of the
         # key's tree ranking, walking at most cap positions (all when cap < 0). probe:
-        # 0 (out_idx[0] set) if the first engine is not within bound, else unfiltered.
+        # 0 (out_idx[0] set) if the first engine is not within bound (its load less
+        # slack), else unfiltered.
         cdef Py_ssize_t walk = t.m if cap < 0 or cap > t.m else cap
         cdef Py_ssize_t small_e[_SMALL_WALK]
         cdef Py_ssize_t small_path[_SMALL_WALK * _PATH_CAP]
@@ -670,7 +672,7 @@ cdef class Selector:
                 t.removed_w[path[j]] += w[a]
                 t.removed_n[path[j]] += 1
             tries += 1
-            if probe and tries == 1 and not <double>load[a] * total_w <= limit * w[a]:
+            if probe and tries == 1 and not <double>(load[a] - slack) * total_w <= limit * w[a]:
                 out_idx[0] = a
                 break
             if (filtered == _ANY
@@ -735,9 +737,10 @@ cdef class Selector:
     cdef Py_ssize_t _tree_rank_prefix_c(self, TreeState t, const uint64_t* keys,
                                         Py_ssize_t n_keys, Py_ssize_t row, Py_ssize_t k,
                                         const int64_t[:] load, double c, Py_ssize_t* out_idx,
-                                        Py_ssize_t* used) except -1:
+                                        Py_ssize_t* used, int64_t home_slack=0) except -1:
         # tree_rank_prefix for k >= 1, n_keys >= 1: the ranking's length, the deciding
-        # key in used[0] (-1 when nothing is eligible).
+        # key in used[0] (-1 when nothing is eligible); the first key's home is within
+        # bound with home_slack (the spec).
         used[0] = -1
         if t.m == 0:
             return 0
@@ -748,7 +751,7 @@ cdef class Selector:
         for j in range(n_keys):
             # Probe: the ranking stops after its first engine unless that is within bound.
             m = self._tree_rank_c(t, keys[j], row, k, out_idx, load, total_w, limit, _ANY, -1,
-                                  True)
+                                  True, 0, home_slack if j == 0 else 0)
             if m > 0:
                 used[0] = j
                 return m
@@ -830,11 +833,13 @@ cdef class Selector:
             free(out_idx)
 
     def tree_rank_prefix(self, key_hashes, Py_ssize_t row, Py_ssize_t k, loads,
-                         double balance_factor, available=None):
+                         double balance_factor, available=None, int64_t home_slack=0):
         """rank_prefix on the tree ranking with bounded-staleness load totals; see the
         spec."""
         if not balance_factor >= 1.0:
             raise ValueError(f"balance_factor must be >= 1, got {balance_factor}")
+        if home_slack < 0:
+            raise ValueError(f"home_slack must be >= 0, got {home_slack}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         cdef Py_ssize_t n_keys = len(key_hashes), j, m, used
@@ -861,7 +866,7 @@ cdef class Selector:
             if out_idx == NULL:
                 raise MemoryError()
             m = self._tree_rank_prefix_c(t, keys, n_keys, row, k, load, balance_factor,
-                                         out_idx, &used)
+                                         out_idx, &used, home_slack)
             if m == 0:
                 return [], -1
             return [out_idx[j] for j in range(m)], used

@@ -416,16 +416,22 @@ class Selector:
         loads: Any,
         balance_factor: float,
         available: Any = None,
+        home_slack: int = 0,
     ) -> tuple[list[int], int]:
         """:meth:`rank_prefix` on the tree ranking, with the load total of bounded
         staleness of ``selector_tree.LoadChunks``.
 
-        The bounded fallback is the first ``k`` within-bound engines of the last key's
-        tree ranking among its first ``WALK_CAP`` positions (the last key's ranking over
-        every eligible engine if none is).
+        The first key's home is within bound iff ``(load - home_slack) * W <= c * total *
+        w`` (``home_slack >= 0``, in load units: what staying there is worth); the other
+        keys' homes and the fallback use the plain bound. The bounded fallback is the
+        first ``k`` within-bound engines of the last key's tree ranking among its first
+        ``WALK_CAP`` positions (the last key's ranking over every eligible engine if none
+        is).
         """
         if not balance_factor >= 1.0:
             raise ValueError(f"balance_factor must be >= 1, got {balance_factor}")
+        if home_slack < 0:
+            raise ValueError(f"home_slack must be >= 0, got {home_slack}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         keys = [_check_key(h) for h in key_hashes]
@@ -441,12 +447,12 @@ class Selector:
         total_w = tree.total_w
         limit = balance_factor * float(total_load)
 
-        def within_bound(i: int) -> bool:
-            return float(load[i]) * total_w <= limit * w[i]
+        def within_bound(i: int, slack: int = 0) -> bool:
+            return float(int(load[i]) - slack) * total_w <= limit * w[i]
 
         for j, key in enumerate(keys):
             first = rank_tree(tree, key, 1, seeds, w, inv_w, ids)
-            if within_bound(first[0]):
+            if within_bound(first[0], home_slack if j == 0 else 0):
                 return rank_tree(tree, key, k, seeds, w, inv_w, ids), j
         ranked = rank_tree(tree, keys[-1], k, seeds, w, inv_w, ids, within_bound, WALK_CAP)
         return (ranked or rank_tree(tree, keys[-1], k, seeds, w, inv_w, ids)), len(keys)

@@ -36,7 +36,13 @@ Algorithm
        ended) yet, the prefill a new request waits behind; a view that does not track
        them gives in-flight tokens (prompt + output budget), else in-flight requests.
        Over the row's eligible engines ``E`` with LP weights ``w``, an engine is within
-       bound iff ``L_e / Σ_E L <= c · w_e / Σ_E w``. The request goes to the first key's
+       bound iff ``L_e / Σ_E L <= c · w_e / Σ_E w``; the first candidate's home iff
+       ``(L_e - a · S) / Σ_E L <= c · w_e / Σ_E w``, ``S`` the request's saving there
+       (rule 3's estimate, tokens) and ``a = affinity_slack``: a bound that ignores what
+       affinity saves spilled a cached agent session off its home for one queued long
+       prompt on a lightly loaded fleet, to re-prefill its whole context elsewhere and
+       come back next turn (docs/fleet-benchmark.md, "Sessions that change engine").
+       The request goes to the first key's
        home that is within bound, trying the candidate keys in order; if none is, to the
        first within-bound engines of the last key's ranking (at least a ``1 - 1/c`` share
        of the weight is within bound, so this walk is short; it stops after
@@ -115,6 +121,15 @@ Tunables
         share estimate. Estimating a share near the threshold ``1/n`` to ±25 % needs about
         ``16 n`` requests, so 1024 serves fleets up to about 64 engines per worker; set it
         to ``16 n`` for larger ones. Shorter reacts faster to shifts.
+    ``affinity_slack`` : float >= 0, tokens of load per token saved; default 1.0. ``a``
+        of rule 2: by how much of its saving the first home may exceed the bound. At 1 the
+        bound yields exactly what staying saves, the exchange rate of rule 3 (a queued
+        token delays the request as much as a prefilled one); 0 is the plain bound (a
+        session with 25 k cached tokens spilled for a 15 k-token queue), large values leave
+        cached homes to rule 3 alone. Fleet, one run each at 70 %: a = 0 → 1 halves the
+        TTFT p99 (agentic 1760 → 831 ms, chat 380 → 215 ms) at equal goodput; simulator,
+        4 seeds × 32 cells: a = 0.5, 1, 2 within 0.6 % of a = 0 in every family except
+        bursts at 0.7 (−1.5 to −1.8 %, p99 4.2 → 3.2 s) (docs/fleet-benchmark.md).
     ``order`` : ``"shallow"`` (default) or ``"deep"``.
 
 Invariants
@@ -210,6 +225,10 @@ class PrefixHRW(Policy):
         default 0.5.
     hot_half_life_requests : float
         Half-life of the group-share estimate, requests, ``> 0``; default 1024.
+    affinity_slack : float
+        ``a >= 0``: the first candidate's home keeps the request while its queued prompt
+        tokens exceed the bound by at most ``a`` times the request's saving there;
+        default 1.0.
     order : {"shallow", "deep"}
         Which depth key is tried first; default ``"shallow"``.
     """
@@ -225,6 +244,7 @@ class PrefixHRW(Policy):
         balance_factor: float = 2.0,
         hot_share_factor: float = 0.5,
         hot_half_life_requests: float = 1024.0,
+        affinity_slack: float = 1.0,
         order: str = "shallow",
     ) -> None:
         if not isinstance(block_bytes, int) or block_bytes < MIN_BLOCK_BYTES:
@@ -254,6 +274,10 @@ class PrefixHRW(Policy):
             raise PolicyConfigError(
                 f"prefix-hrw: hot_half_life_requests must be > 0, got {hot_half_life_requests!r}"
             )
+        if not affinity_slack >= 0:
+            raise PolicyConfigError(
+                f"prefix-hrw: affinity_slack must be >= 0, got {affinity_slack!r}"
+            )
         if order not in _ORDERS:
             raise PolicyConfigError(f"prefix-hrw: order must be one of {_ORDERS}, got {order!r}")
         self.block_bytes = block_bytes
@@ -261,6 +285,7 @@ class PrefixHRW(Policy):
         self.balance_factor = float(balance_factor)
         self.hot_share_factor = float(hot_share_factor)
         self.hot_half_life_requests = float(hot_half_life_requests)
+        self.affinity_slack = float(affinity_slack)
         self.order = order
         self._picker = PrefixPicker(
             block_bytes,
@@ -270,6 +295,7 @@ class PrefixHRW(Policy):
             self.hot_half_life_requests,
             deep=order == "deep",
             bytes_per_token=float(BYTES_PER_TOKEN),
+            affinity_slack=self.affinity_slack,
         )
 
     @property
@@ -309,5 +335,6 @@ class PrefixHRW(Policy):
         return (
             f"<PrefixHRW block_bytes={self.block_bytes} prefix_bytes={self.prefix_bytes} "
             f"balance_factor={self.balance_factor} hot_share_factor={self.hot_share_factor} "
-            f"hot_half_life_requests={self.hot_half_life_requests} order={self.order!r}>"
+            f"hot_half_life_requests={self.hot_half_life_requests} "
+            f"affinity_slack={self.affinity_slack} order={self.order!r}>"
         )

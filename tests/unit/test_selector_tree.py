@@ -121,6 +121,26 @@ def test_rank_prefix_on_the_tree_bounds_the_home_and_walks_for_the_fallback(impl
     assert sel.tree_rank_prefix(keys, 0, 3, loads, 2.0, np.zeros(n, dtype=np.uint8)) == ([], -1)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_home_slack_lets_only_the_first_home_exceed_the_bound(impl) -> None:
+    """``home_slack`` tokens come off the first key's home's load before its bound check
+    (what staying saves); later keys' homes and the fallback walk use the plain bound."""
+    n = 8
+    sel = impl(list(range(1, n + 1)), np.ones((1, n)))
+    home, second = sel.tree_rank(11, 0, 1)[0], sel.tree_rank(22, 0, 1)[0]
+    assert home != second
+    loads = np.full(n, 100, dtype=np.int64)
+    loads[home] = 1000  # bound at c = 2: L_e <= 2 * total / 8 = 2 * 1700 / 8 = 425
+    assert sel.tree_rank_prefix([11, 22], 0, 1, loads, 2.0)[1] == 1
+    assert sel.tree_rank_prefix([11, 22], 0, 1, loads, 2.0, None, 500)[1] == 1  # 500 > 425
+    assert sel.tree_rank_prefix([11, 22], 0, 1, loads, 2.0, None, 600) == ([home], 0)
+    loads[second] = 1000  # the second home gets no slack: the walk decides
+    ranked, used = sel.tree_rank_prefix([22, 11], 0, 1, loads, 2.0, None, 0)
+    assert used == 2 and loads[ranked[0]] == 100
+    with pytest.raises(ValueError, match="home_slack"):
+        sel.tree_rank_prefix([11], 0, 1, loads, 2.0, None, -1)
+
+
 def test_the_fallback_walks_at_most_walk_cap_positions() -> None:
     n = 2 * WALK_CAP
     sel = FAST(list(range(1, n + 1)), np.ones((1, n)))
@@ -186,9 +206,10 @@ def test_compiled_tree_matches_the_spec() -> None:
             loads[int(rng.integers(0, n))] += 10**6
             keys = _keys(rng, 3)
             c = float(rng.choice([1.0, 1.25, 2.0]))
-            assert py.tree_rank_prefix(keys, row, k, loads, c, mask) == cy.tree_rank_prefix(
-                keys, row, k, loads, c, mask
-            ), (n, step)
+            slack = int(rng.choice([0, 100, 10**6]))
+            assert py.tree_rank_prefix(keys, row, k, loads, c, mask, slack) == (
+                cy.tree_rank_prefix(keys, row, k, loads, c, mask, slack)
+            ), (n, step, slack)
             assert py.tree_least_loaded(key, row, loads, mask) == cy.tree_least_loaded(
                 key, row, loads, mask
             )

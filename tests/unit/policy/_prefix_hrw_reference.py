@@ -34,6 +34,14 @@ table below, 4-5 % of goodput in the simulator); and the saving is read from a s
 table that observes every depth of every routed request (the share table observes them
 only through the deciding key's next depth, so a 3 k-token document's cached prefix read
 as 512 tokens).
+
+Re-recorded a sixth time, deliberately (2026-12-04, issue 20 "default policy", sessions
+that change engine): the first candidate's home is within the load bound iff its load
+less ``affinity_slack`` times the request's saving is (the saving computed before the
+ranking, as the cost spill computes it), because on a lightly loaded fleet one queued long
+prompt put a cached agent session's home over a bound that ignored what staying saves, and
+the session re-prefilled its whole context elsewhere (then came back: 14 % of consecutive
+turns changed engine through the fleet, and its p99 TTFT was 2.2x sglang-router's).
 """
 
 from __future__ import annotations
@@ -197,6 +205,9 @@ class ReferencePrefixHRW(Policy):
         Half-life of the group-share estimate, requests, ``> 0``; default 1024.
     order : {"shallow", "deep"}
         Which depth key is tried first; default ``"shallow"``.
+    affinity_slack : float
+        ``>= 0``: the first home's load bound is relaxed by this times the saving, tokens
+        per saved token; default 1.0.
     """
 
     name: ClassVar[str] = "prefix-hrw"
@@ -211,6 +222,7 @@ class ReferencePrefixHRW(Policy):
         hot_share_factor: float = 0.5,
         hot_half_life_requests: float = 1024.0,
         order: str = "shallow",
+        affinity_slack: float = 1.0,
     ) -> None:
         if not isinstance(block_bytes, int) or block_bytes < MIN_BLOCK_BYTES:
             raise PolicyConfigError(
@@ -242,6 +254,7 @@ class ReferencePrefixHRW(Policy):
         self.hot_share_factor = float(hot_share_factor)
         self.hot_half_life_requests = float(hot_half_life_requests)
         self.order = order
+        self.affinity_slack = float(affinity_slack)
         self.hot = HotKeys(self.hot_half_life_requests)
         self.seen = HotKeys(self.hot_half_life_requests)
         # The keys of the last decided request, for on_routed (same request object).
@@ -270,8 +283,17 @@ class ReferencePrefixHRW(Policy):
             loads = view.in_flight_tokens()
         if loads is None:
             loads = view.in_flight()
+        n_eligible = int(np.count_nonzero(mask))
+        cold = n_eligible > 1 and self.hot.requests < 2 * n_eligible
+        home_saving = self._saving_tokens(keys, 0 if cold else candidates[0][0])
         ranked, used = view.selector.tree_rank_prefix(
-            [h for _, h in candidates], request.row, k, loads, self.balance_factor, mask
+            [h for _, h in candidates],
+            request.row,
+            k,
+            loads,
+            self.balance_factor,
+            mask,
+            int(self.affinity_slack * home_saving),
         )
         if not ranked:
             return self._empty()
@@ -284,11 +306,11 @@ class ReferencePrefixHRW(Policy):
                 reason = "no-prefix"
             declared = depth == 0 and request.key_depth_bytes == 0  # the client's session
             least = -1
-            n_eligible = int(np.count_nonzero(mask))
-            cold = n_eligible > 1 and self.hot.requests < 2 * n_eligible
             if not declared:
-                floor = 0 if cold else depth
-                least = self._cheaper_elsewhere(request, keys, floor, ranked[0], loads, view)
+                saving = (
+                    home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
+                )
+                least = self._cheaper_elsewhere(request, keys, saving, ranked[0], loads, view)
             if least >= 0:
                 ranked = [least, *(i for i in ranked if i != least)][:k]
                 reason, depth = "cost-spill", -1
@@ -299,7 +321,7 @@ class ReferencePrefixHRW(Policy):
         self,
         request: RouteRequest,
         keys: list[tuple[int, int]],
-        depth: int,
+        saving_tokens: float,
         home: int,
         loads: np.ndarray,
         view: FleetView,
@@ -308,20 +330,9 @@ class ReferencePrefixHRW(Policy):
         home and the home's extra load costs more tokens than the cached part saves,
         else -1.
 
-        The saving is estimated as the deepest depth of this request in the seen table
-        (every depth of every routed request: a prefix sent recently), at least the deciding
-        key's depth, in tokens at ``BYTES_PER_TOKEN``; the extra queue is the home's
-        in-flight tokens minus the least-loaded engine's, which must also exceed that
-        engine's own load.
+        The saving is :meth:`_saving_tokens`; the extra queue is the home's queued tokens
+        minus the least-loaded engine's, which must also exceed that engine's own load.
         """
-        seen = depth
-        for d, key in reversed(keys):
-            if d <= seen:
-                break
-            if self.seen.share(key) > 0.0:
-                seen = d
-                break
-        saving_tokens = seen / BYTES_PER_TOKEN
         home_load = int(loads[home])
         if home_load <= saving_tokens:
             return -1  # no engine can be lighter by more than the saving
@@ -333,6 +344,19 @@ class ReferencePrefixHRW(Policy):
         if home_load - int(loads[least]) <= saving_tokens + int(loads[least]):
             return -1  # the spill must also pay for the queue it joins
         return least
+
+    def _saving_tokens(self, keys: list[tuple[int, int]], depth: int) -> float:
+        """The deepest depth of this request in the seen table (every depth of every routed
+        request: a prefix sent recently), at least ``depth``, in tokens at
+        ``BYTES_PER_TOKEN``."""
+        seen = depth
+        for d, key in reversed(keys):
+            if d <= seen:
+                break
+            if self.seen.share(key) > 0.0:
+                seen = d
+                break
+        return seen / BYTES_PER_TOKEN
 
     def _candidates(
         self, keys: list[tuple[int, int]], mask: np.ndarray, route: tuple[int, int]

@@ -295,3 +295,32 @@ def test_the_cost_spill_pays_for_the_queue_it_joins() -> None:
     view.queued_loads[target] = 1987  # 3013 > 1024 + 1987
     decision = policy.choose(request, view)
     assert (decision.chosen, decision.reason) == (target, "cost-spill")
+
+
+def test_the_load_bound_yields_by_what_staying_saves() -> None:
+    """Rule 2 with ``affinity_slack``: the first home keeps the request while its queue
+    less the saving (1024 tokens: the request's 4096-byte depth was seen) is within bound;
+    at ``affinity_slack = 0`` any excess spills it (the bound of requests that save
+    nothing). The cost spill still decides once the queue is worth more than the cache."""
+    for slack, stays in [(1.0, True), (0.0, False)]:
+        view = _queued_view()
+        policy = _warmed(PrefixHRW(affinity_slack=slack), view)
+        request = _request(_text(24, 4200), tokens=1100)
+        first = policy.choose(request, view)
+        policy.on_routed(request, first.engine_ids[0])
+        view.queued_loads[:] = 100
+        # Over 4 engines at c = 2 the bound is 4 L <= 2 (300 + L), L <= 300; the cost
+        # spill needs L - 100 > 1024 + 100.
+        view.queued_loads[first.chosen] = 1000
+        decision = policy.choose(request, view)
+        if stays:  # 4 (1000 - 1024) <= 2 * 1300
+            assert (decision.chosen, decision.reason) == (first.chosen, "prefix-home")
+        else:
+            assert decision.chosen != first.chosen
+            assert decision.reason in ("prefix-spill", "bounded-spill")
+        view.queued_loads[first.chosen] = 1300
+        decision = policy.choose(request, view)
+        assert decision.chosen != first.chosen
+        assert decision.reason == "cost-spill" if stays else decision.reason != "prefix-home"
+    with pytest.raises(PolicyConfigError, match="affinity_slack"):
+        make_policy("prefix-hrw", affinity_slack=-0.5)

@@ -26,8 +26,13 @@ REQUESTS = 1200
 REASONS = {"prefix-home", "prefix-spill", "bounded-spill", "cost-spill", "no-prefix"}
 PARAMS = [
     {},
-    {"balance_factor": 1.25, "hot_half_life_requests": 200.0},
-    {"order": "deep", "hot_share_factor": 1.0, "hot_half_life_requests": 300.0},
+    {"balance_factor": 1.25, "hot_half_life_requests": 200.0, "affinity_slack": 0.0},
+    {
+        "order": "deep",
+        "hot_share_factor": 1.0,
+        "hot_half_life_requests": 300.0,
+        "affinity_slack": 3.0,
+    },
     {"block_bytes": 256, "prefix_bytes": 4096, "hot_half_life_requests": 100.0},
 ]
 
