@@ -269,7 +269,7 @@ class PrefixPicker:
         if depth == 0 and request.key_depth_bytes == 0:
             return ranked, reason, depth  # the client's session: never cost-spilled
         # Cold: the deciding key was not chosen for its cache, so the saving is only what
-        # the share table observed.
+        # the seen table holds.
         saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
         least = self._cheaper_elsewhere(selector, request.row, keys, saving, ranked[0], loads, mask)
         if least < 0:

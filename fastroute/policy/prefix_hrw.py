@@ -42,8 +42,8 @@ Algorithm
        affinity saves spilled a cached agent session off its home for one queued long
        prompt on a lightly loaded fleet, to re-prefill its whole context elsewhere and
        come back next turn (docs/fleet-benchmark.md, "Sessions that change engine").
-       The request goes to the first key's
-       home that is within bound, trying the candidate keys in order; if none is, to the
+       The request goes to the first key's home that is within bound, trying the
+       candidate keys in order; if none is, to the
        first within-bound engines of the last key's ranking (at least a ``1 - 1/c`` share
        of the weight is within bound, so this walk is short; it stops after
        ``WALK_CAP = 64`` positions). The failover ranking is the ranking of the key that
@@ -128,8 +128,9 @@ Tunables
         session with 25 k cached tokens spilled for a 15 k-token queue), large values leave
         cached homes to rule 3 alone. Fleet, one run each at 70 %: a = 0 → 1 halves the
         TTFT p99 (agentic 1760 → 831 ms, chat 380 → 215 ms) at equal goodput; simulator,
-        4 seeds × 32 cells: a = 0.5, 1, 2 within 0.6 % of a = 0 in every family except
-        bursts at 0.7 (−1.5 to −1.8 %, p99 4.2 → 3.2 s) (docs/fleet-benchmark.md).
+        4 seeds × 32 cells: a = 1 within 0.6 % of a = 0 in every family except bursts at
+        0.7 (−1.8 %, p99 4.2 → 3.2 s), and a = 0.5 or 2 within 1.4 % of a = 1 in every
+        cell (docs/fleet-benchmark.md).
     ``order`` : ``"shallow"`` (default) or ``"deep"``.
 
 Invariants

@@ -87,3 +87,19 @@ def test_bench_capacity_of_a_family_is_the_simulators_saturation_capacity():
     assert saturation_capacity(spec, profile) == pytest.approx(
         spec.fleet.groups[0].capacity_rps, abs=0.01
     )
+
+
+@pytest.mark.parametrize("family", ["agentic", "chat"])
+def test_a_sensitivity_spec_is_its_family_spec_with_other_routers(family: str) -> None:
+    """The affinity_slack sensitivity runs (docs/fleet-benchmark.md) send the family spec's
+    requests: everything but the name and the routers is the same."""
+    base = load_spec(SPECS / f"{family}-70.toml")
+    variant = load_spec(SPECS / "sensitivity" / f"affinity-slack-{family}-70.toml")
+    assert build_sessions(variant) == build_sessions(base)
+    assert (variant.fleet, variant.load, variant.seed, variant.slo) == (
+        base.fleet,
+        base.load,
+        base.seed,
+        base.slo,
+    )
+    assert variant.routers == ("s0", "s1", "pb_s0", "pb_s1")
