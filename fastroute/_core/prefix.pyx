@@ -346,8 +346,8 @@ cdef class PrefixPicker:
         return n_chosen
 
     def choose(self, Selector selector, request, available, loads, Py_ssize_t k):
-        """Decide ``request`` over ``available`` and ``loads``: ``(ranked, reason, depth)``
-        as the spec."""
+        """Decide ``request`` over ``available`` and ``loads``: ``(ranked, reason, depth,
+        cached_tokens)`` as the spec."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         cdef Py_ssize_t row = request.row
@@ -373,7 +373,7 @@ cdef class PrefixPicker:
         if k > tree.m:
             k = tree.m
         if k == 0:
-            return [], "", -1
+            return [], "", -1, 0
         cdef Py_ssize_t small_idx[_SMALL_K]
         cdef Py_ssize_t* out_idx = small_idx
         if k > _SMALL_K:
@@ -390,27 +390,28 @@ cdef class PrefixPicker:
                                              self.balance_factor, out_idx, &used,
                                              <int64_t>(self.affinity_slack * home_saving))
             if m == 0:
-                return [], "", -1
+                return [], "", -1, 0
             ranked = [out_idx[i] for i in range(m)]
             if used >= n_chosen:
-                return ranked, "bounded-spill", -1
+                return ranked, "bounded-spill", -1, 0
             depth = keys.depths[chosen[used]]
             reason = "prefix-home" if used == 0 else "prefix-spill"
             if len(request.prefix) < self.block_bytes:
                 reason = "no-prefix"
             key_depth = request.key_depth_bytes
-            if depth == 0 and key_depth == 0:
-                return ranked, reason, depth  # the client's session: never cost-spilled
             # cold: the deciding key was not chosen for its cache, so only what was observed
             saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
+            if depth == 0 and key_depth == 0:
+                # the client's session: never cost-spilled
+                return ranked, reason, depth, <int64_t>saving
             least = self._cheaper_elsewhere(selector, tree, keys, saving, out_idx[0], row, load)
             if least < 0:
-                return ranked, reason, depth
+                return ranked, reason, depth, <int64_t>saving
             spilled = [least]
             for i in range(m):
                 if out_idx[i] != least and len(spilled) < k:
                     spilled.append(out_idx[i])
-            return spilled, "cost-spill", -1
+            return spilled, "cost-spill", -1, 0
         finally:
             if k > _SMALL_K:
                 free(out_idx)

@@ -230,16 +230,18 @@ class PrefixPicker:
 
     def choose(
         self, selector: Any, request: Any, mask: np.ndarray, loads: Any, k: int
-    ) -> tuple[list[int], str, int]:
+    ) -> tuple[list[int], str, int, int]:
         """Decide ``request`` (a ``RouteRequest``) over ``mask`` (its row's eligible
         engines) and ``loads`` (int64 per engine).
 
         Returns
         -------
-        (list of int, str, int)
-            The failover ranking (empty when no engine is eligible), the reason and the
+        (list of int, str, int, int)
+            The failover ranking (empty when no engine is eligible), the reason, the
             depth in bytes of the key that decided (-1 for the bounded fallback and the
-            cost spill).
+            cost spill) and the prompt tokens expected cached at ``ranked[0]``: the
+            saving the rules counted there (:meth:`_saving_tokens`, truncated to an
+            integer), 0 for the bounded fallback and the cost spill.
         """
         keys = self.keys(request.prefix, request.key_hash, request.key_depth_bytes)
         route = (request.key_depth_bytes, request.key_hash)
@@ -259,22 +261,22 @@ class PrefixPicker:
             int(self.affinity_slack * home_saving),
         )
         if not ranked:
-            return ranked, "", -1
+            return ranked, "", -1, 0
         if used >= len(candidates):
-            return ranked, "bounded-spill", -1
+            return ranked, "bounded-spill", -1, 0
         depth = candidates[used][0]
         reason = "prefix-home" if used == 0 else "prefix-spill"
         if len(request.prefix) < self.block_bytes:
             reason = "no-prefix"
-        if depth == 0 and request.key_depth_bytes == 0:
-            return ranked, reason, depth  # the client's session: never cost-spilled
         # Cold: the deciding key was not chosen for its cache, so the saving is only what
         # the seen table holds.
         saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
+        if depth == 0 and request.key_depth_bytes == 0:
+            return ranked, reason, depth, int(saving)  # the client's session: never spilled
         least = self._cheaper_elsewhere(selector, request.row, keys, saving, ranked[0], loads, mask)
         if least < 0:
-            return ranked, reason, depth
-        return [least, *(i for i in ranked if i != least)][:k], "cost-spill", -1
+            return ranked, reason, depth, int(saving)
+        return [least, *(i for i in ranked if i != least)][:k], "cost-spill", -1, 0
 
     def _cheaper_elsewhere(
         self,

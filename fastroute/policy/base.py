@@ -128,6 +128,11 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
     scores : tuple of float or None
         Per-``ranked`` numbers the policy decided on (in-flight counts, prefix match
         fractions, ...), documented by each policy; ``None`` when it has none.
+    cached_tokens : int
+        Prompt tokens the policy expects the chosen engine (``ranked[0]``) to hold in its
+        prefix cache, >= 0; 0 when it has no estimate. The proxy and the simulator count
+        the prompt less these as the attempt's queued prefill (``Counter.QUEUED_TOKENS``):
+        a cached prefix is not prefill work the requests behind it wait for.
     """
 
     ranked: tuple[int, ...]
@@ -135,11 +140,21 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
     policy: str
     reason: str
     scores: tuple[float, ...] | None = None
+    cached_tokens: int = 0
 
     @property
     def chosen(self) -> int | None:
         """The chosen engine index, or ``None`` when no engine is eligible."""
         return self.ranked[0] if self.ranked else None
+
+    def queued_prefill_tokens(self, index: int, prompt_tokens: int) -> int:
+        """The prompt tokens an attempt of this request at engine ``index`` queues for
+        prefill: ``prompt_tokens`` less :attr:`cached_tokens` at the chosen engine (never
+        below 1 token: the engine computes at least the last), the whole prompt at any
+        other engine (a retry, a hedge's second leg, a migration)."""
+        if self.cached_tokens <= 0 or not self.ranked or index != self.ranked[0]:
+            return prompt_tokens
+        return max(min(prompt_tokens, 1), prompt_tokens - self.cached_tokens)
 
 
 @runtime_checkable

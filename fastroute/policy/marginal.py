@@ -367,9 +367,8 @@ class MarginalDecision(Decision, frozen=True, gc=False):
         Predicted time to first token and per output token on ``ranked[0]`` (on the
         best candidate when the request is rejected), seconds.
     output_tokens : float
-        Output length the costs assumed.
-    cached_tokens : int
-        Prompt tokens assumed cached on ``ranked[0]``.
+        Output length the costs assumed (``cached_tokens``, the base's field, is the
+        prompt tokens the costs assumed cached on ``ranked[0]``).
     detail : str
         Human-readable reason of a rejection (empty otherwise).
     """
@@ -377,7 +376,6 @@ class MarginalDecision(Decision, frozen=True, gc=False):
     ttft_s: float = 0.0
     tpot_s: float = 0.0
     output_tokens: float = 0.0
-    cached_tokens: int = 0
     detail: str = ""
 
 
@@ -672,10 +670,10 @@ class MarginalCost(Policy):
             self.name,
             reason,
             tuple([ev[_MC] for ev in evals]),
+            chosen[_CACHED],
             chosen[_TTFT],
             chosen[_TPOT],
             n_out,
-            chosen[_CACHED],
         )
 
     def choose_pair(

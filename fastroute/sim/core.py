@@ -1214,7 +1214,13 @@ class Simulator:
         att.prefill_cached = 0
         att.decode_route = droute
         att.cancelled = False
-        att.queued = req.prompt.num_tokens
+        # Less the prefix the policy expects cached there (the proxy's count, forward.py).
+        decision = req.decision
+        att.queued = (
+            req.prompt.num_tokens
+            if decision is None
+            else decision.queued_prefill_tokens(engine, req.prompt.num_tokens)
+        )
         if req.legs is not None:
             req.legs.append(att)
         if att.n == 0 and self.hedges is not None and decode < 0:

@@ -74,6 +74,7 @@ class Forwarder:
         ctx = self.ctx
         record = state.record
         last: UpstreamError | Reply | None = None
+        state.decision = decision
         state.migration = migration_for(ctx, state, decision.ranked)
         first = 0
         if self.hedger.applies(state):
@@ -124,8 +125,14 @@ class Forwarder:
         policy = strategy.policy
         policy.on_routed(route, engine_id)
         tokens = route.prompt_tokens + (route.expected_output_tokens or 0)
-        # A P/D decode step's prompt arrives as KV: nothing of it queues for prefill.
-        queued = 0 if state.stage == "decode" else route.prompt_tokens
+        # A P/D decode step's prompt arrives as KV: nothing of it queues for prefill; nor
+        # does the prefix the policy expects cached at its chosen engine.
+        if state.stage == "decode":
+            queued = 0
+        elif state.decision is not None:
+            queued = state.decision.queued_prefill_tokens(index, route.prompt_tokens)
+        else:
+            queued = route.prompt_tokens
         prefill = fleet.attempt_started(index, tokens, queued)
         tracked = strategy.admit(index, route, started, state.stage)
         ok = False

@@ -113,6 +113,7 @@ class PDStages:
         if self.ctx.pd.protocols[state.model] == "bootstrap":
             prefill = dataclasses.replace(state)  # the prefill's stage, alongside the decode's
             _enter(prefill, pair.prefill, p_route, "prefill")
+            prefill.decision = p_dec  # its attempts queue the prompt less the expected cache
             _enter(state, pair.decode, d_route, "decode")
             return await self.bootstrap.forward(state, prefill, p_dec, d_dec)
         original = msgspec.json.decode(state.body)  # parsed before: a JSON object

@@ -77,6 +77,9 @@ class RequestState:
         The P/D stage under way; None for a whole request.
     deadline : float
         Loop time by which the request must be done.
+    decision : Decision or None
+        The decision the stage's attempts follow (set by ``Forwarder.try_ranked``): its
+        ``cached_tokens`` at the chosen engine are not counted as queued prefill.
     unenforced : Decision or None
         The SLO-infeasible decision a not yet calibrated strategy routed anyway.
     strip_usage : bool
@@ -123,6 +126,7 @@ class RequestState:
     route: RouteRequest | None = None
     stage: str | None = None
     deadline: float = 0.0
+    decision: Decision | None = None
     unenforced: Decision | None = None
     strip_usage: bool = False
     meter_type: Callable[[bool], StreamMeter] = StreamMeter

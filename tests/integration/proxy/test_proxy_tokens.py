@@ -215,3 +215,34 @@ def test_a_prompt_is_queued_until_its_first_token_not_its_progress_events(h: Har
             assert stats.in_flight_tokens().tolist() == [0]
 
     h.run(main())
+
+
+def test_a_prefix_the_policy_expects_cached_is_not_queued(h: Harness) -> None:
+    """The default policy's decision says how much of the prompt it expects cached at its
+    chosen engine (``cached_tokens``: 4096 tokens once the prompt's 16 kB depth was
+    routed there), and the stats block counts only the rest as queued prefill: the second
+    request of the same long prompt queues thousands of tokens fewer than the first."""
+
+    async def queued_at_first_progress(s: aiohttp.ClientSession, url: str, body: dict) -> int:
+        async with s.post(url + "/v1/chat/completions", json=body) as resp:
+            async for raw in resp.content:
+                line = raw.strip()
+                if line.startswith(b"data: {") and "prompt_progress" in json.loads(line[6:]):
+                    return int(st.ctx.fleet.stats.queued_tokens()[0])
+        raise AssertionError("no progress event")
+
+    async def main() -> None:
+        nonlocal st
+        async with h.proxy_stack(1, engine_options={"kind": "llamacpp"}) as st:
+            body = h.chat_body(
+                "x " * 9000, stream=True, max_tokens=4, ignore_eos=True, return_progress=True
+            )
+            async with aiohttp.ClientSession() as s:
+                first = await queued_at_first_progress(s, st.url, body)
+                await h.wait_until(lambda: st.ctx.fleet.stats.in_flight().tolist() == [0], 5.0)
+                second = await queued_at_first_progress(s, st.url, body)
+            assert first > 4000  # ~4.5 k tokens estimated, nothing expected cached
+            assert 0 < second <= first - 4000  # the 16 kB depth (4096 tokens) is not queued
+
+    st: Any = None
+    h.run(main())

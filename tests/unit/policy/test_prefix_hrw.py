@@ -324,3 +324,26 @@ def test_the_load_bound_yields_by_what_staying_saves() -> None:
         assert decision.reason == "cost-spill" if stays else decision.reason != "prefix-home"
     with pytest.raises(PolicyConfigError, match="affinity_slack"):
         make_policy("prefix-hrw", affinity_slack=-0.5)
+
+
+def test_the_decision_says_what_it_expects_cached_at_the_chosen_engine() -> None:
+    """``cached_tokens`` is the saving the rules counted at ``ranked[0]`` (the deepest
+    depth of the request the seen table holds, at least the deciding key's, in tokens):
+    128 before the prefix was ever routed (its 512-byte deciding key), 1024 once its
+    4096-byte depth was, and 0 after a cost spill (the target holds none of it). A queued
+    prefill counts the prompt less it, at the chosen engine only."""
+    view = _queued_view()
+    policy = _warmed(PrefixHRW(balance_factor=100.0), view)
+    request = _request(_text(25, 4200), tokens=1100)
+    first = policy.choose(request, view)
+    assert (first.reason, first.cached_tokens) == ("prefix-home", 128)
+    policy.on_routed(request, first.engine_ids[0])
+    again = policy.choose(request, view)
+    assert (again.chosen, again.reason, again.cached_tokens) == (first.chosen, "prefix-home", 1024)
+    assert again.queued_prefill_tokens(again.chosen, 1100) == 76
+    assert again.queued_prefill_tokens(again.ranked[1], 1100) == 1100
+    assert again.queued_prefill_tokens(again.chosen, 900) == 1  # never below one token
+    view.queued_loads[:] = 0
+    view.queued_loads[first.chosen] = 5000
+    spilled = policy.choose(request, view)
+    assert (spilled.reason, spilled.cached_tokens) == ("cost-spill", 0)
