@@ -273,6 +273,7 @@ class _Connection(asyncio.Protocol):
         self.writable_callback: Callable[[], None] | None = None
         self.head_received = 0
         self.head_started = 0.0  # loop time of a pending head's first byte
+        self.messages = 0  # requests parsed whole on this connection
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -354,9 +355,16 @@ class _Connection(asyncio.Protocol):
         counting = self.in_head
         if counting and self.head_received == 0:
             self.head_started = self.loop.time()
+        messages = self.messages
         try:
             self.parser.feed_data(data)
-            if counting and self.in_head:
+            if self.messages != messages:
+                # A request ended in this read: a head after it starts afresh (its bytes
+                # here are not counted, as at most one read beyond the bound). Counted,
+                # the request's own bytes kept the first one's arrival as the head's start
+                # and the sweep closed the idle keep-alive connection as slowloris.
+                self.head_received = 0
+            elif counting and self.in_head:
                 self.head_received += len(data)
                 if self.head_received > MAX_HEADER_BYTES:
                     raise _HeaderTooLarge
@@ -432,6 +440,7 @@ class _Connection(asyncio.Protocol):
         return size > self.limit
 
     def on_message_complete(self) -> None:
+        self.messages += 1
         if self.answered_early:
             return
         request = self._request(

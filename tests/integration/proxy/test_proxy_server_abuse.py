@@ -297,6 +297,37 @@ def test_slowloris_head_is_cut_off_by_header_timeout(h: Harness) -> None:
     h.run(main())
 
 
+def test_an_idle_keep_alive_connection_outlives_the_header_timeout(h: Harness) -> None:
+    """A request that arrives whole in one read, head and body, leaves no head pending:
+    the connection then idles under the keep-alive bound (75 s), not the header timeout.
+    (The head's byte count once went on counting the bytes of the request just parsed,
+    with the first request's arrival as the head's start, so the sweep closed idle
+    keep-alive connections as slowloris: a client reusing one saw it disconnected.)"""
+
+    async def main() -> None:
+        extra = "[limits]\nheader_timeout_s = 0.5\n"
+        config = decode_config(config_toml(["http://127.0.0.1:9"], extra), source="t.toml")
+        async with serve_proxy(config) as (_, url, _server):
+            reader, writer = await asyncio.open_connection("127.0.0.1", _port(url))
+            try:
+                for _ in range(3):
+                    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_S)
+                    assert head.startswith(b"HTTP/1.1 200 ") and b"close" not in head.lower()
+                    length = re.search(rb"(?i)content-length: (\d+)", head)
+                    assert length is not None
+                    await asyncio.wait_for(reader.readexactly(int(length.group(1))), _READ_S)
+                    try:  # four sweeps of the header timeout: still open, nothing sent
+                        data = await asyncio.wait_for(reader.read(1), 2.0)
+                    except TimeoutError:
+                        continue
+                    raise AssertionError(f"the idle connection was closed (read {data!r})")
+            finally:
+                writer.close()
+
+    h.run(main())
+
+
 def test_client_that_never_reads_is_paused_then_dropped(h: Harness) -> None:
     """A client that sends a streamed request and never reads: the proxy pauses (its
     write buffer stays bounded) and, once its buffer stayed full for
