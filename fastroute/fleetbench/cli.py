@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from fastroute.fleetbench.runner import RouterResult
     from fastroute.fleetbench.spec import BenchSpec
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "overridden", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override the spec's routers (fastroute[:policy], sglang:POLICY, ...)",
     )  # fmt: skip
     fleet.add_argument("--duration", type=float, metavar="S", help="override duration_s")
+    fleet.add_argument(
+        "--seed", type=int, metavar="N",
+        help="override the spec's seed (the workload's sessions and the engines' seeds): "
+        "a second sample of the same spec",
+    )  # fmt: skip
     fleet.add_argument("--out", default="bench-results", help="output directory")
     fleet.add_argument("--plots", action="store_true", help="also write PNG plots")
     cap = sub.add_parser(
@@ -99,10 +104,34 @@ def _chaos(args: argparse.Namespace) -> int:
     return 0 if summary["verdict"] == "pass" and not summary.get("leaks") else 1
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run ``fastroute bench``; return the exit status."""
+def overridden(
+    specs: list[BenchSpec], duration_s: float | None = None, seed: int | None = None
+) -> list[BenchSpec]:
+    """The specs with ``--duration`` and ``--seed`` applied (None: the spec's own).
+
+    Raises
+    ------
+    BenchSpecError
+        ``duration_s`` not > 0 or ``seed`` negative.
+    """
     import msgspec
 
+    from fastroute.fleetbench.spec import BenchSpecError
+
+    changes: dict[str, float | int] = {}
+    if duration_s is not None:
+        if not duration_s > 0:
+            raise BenchSpecError(f"--duration must be > 0, got {duration_s}")
+        changes["duration_s"] = duration_s
+    if seed is not None:
+        if seed < 0:
+            raise BenchSpecError(f"--seed must be >= 0, got {seed}")
+        changes["seed"] = seed
+    return [msgspec.structs.replace(s, **changes) for s in specs]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``fastroute bench``; return the exit status."""
     from fastroute.fleetbench.spec import BenchSpecError, load_spec
 
     if args.bench_command == "chaos":
@@ -113,10 +142,7 @@ def run(args: argparse.Namespace) -> int:
         specs = [load_spec(path) for path in paths]
         if args.bench_command == "capacity":
             return _capacity(specs[0], args.attainment)
-        if args.duration is not None:
-            if not args.duration > 0:
-                raise BenchSpecError(f"--duration must be > 0, got {args.duration}")
-            specs = [msgspec.structs.replace(s, duration_s=args.duration) for s in specs]
+        specs = overridden(specs, duration_s=args.duration, seed=args.seed)
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise BenchSpecError(f"several specs share a name: {names} (one output dir each)")

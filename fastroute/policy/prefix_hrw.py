@@ -46,9 +46,9 @@ Algorithm
        (rule 3's estimate, tokens) and ``a = affinity_slack``: a bound that ignores what
        affinity saves spilled a cached agent session off its home for one queued long
        prompt on a lightly loaded fleet, to re-prefill its whole context elsewhere and
-       come back next turn (docs/fleet-benchmark.md, "Sessions that change engine").
-       The request goes to the first key's home that is within bound, trying the
-       candidate keys in order; if none is, to the
+       come back next turn (docs/history/2026-12-fleet-benchmark-default-policy.md,
+       "Sessions that change engine"). The request goes to the first key's home that is
+       within bound, trying the candidate keys in order; if none is, to the
        first within-bound engines of the last key's ranking (at least a ``1 - 1/c`` share
        of the weight is within bound, so this walk is short; it stops after
        ``WALK_CAP = 64`` positions). The failover ranking is the ranking of the key that
@@ -63,7 +63,8 @@ Algorithm
        request one slot in the batch, a queued prompt costs it that prompt's whole
        prefill before its first token. In-flight tokens count a long decode as if it
        were queued prefill, so a cached home looked loaded when it was not and a busy
-       one looked light (docs/fleet-benchmark.md, "Load in queued prompt tokens").
+       one looked light (docs/history/2026-12-fleet-benchmark-default-policy.md,
+       "Load in queued prompt tokens").
     3. **Cost spill.** Affinity is worth the prefill it saves, and a queue costs the
        prefill queued ahead: both are prompt tokens. The saving is estimated as the
        deepest depth of this request that a **seen table** holds (at least the deciding
@@ -82,8 +83,8 @@ Algorithm
        derived: 0 (until 2026-12-04) lost `bursts` 4-5 % of goodput in the simulator, an
        infinite one (only idle engines take spills) cost `long-tail` 9 points through
        the fleet, 2 trades the long-prompt families' TTFT p99 (up to 1.22x) for 1-2 %
-       more on `bursts` (docs/fleet-benchmark.md, "The cost spill's price"). A session id the
-       client declared is never cost-spilled.
+       more on `bursts` (docs/history/2026-12-fleet-benchmark-default-policy.md,
+       "The cost spill's price"). A session id the client declared is never cost-spilled.
 
 Why shallowest first
     The shallowest group is the largest set of requests sharing a prefix, so routing by
@@ -116,7 +117,7 @@ Tunables
         spill conversations away from their cache on ordinary fluctuations (1.25 cost 8
         points of prefix hits on multi-turn chat, measured on in-flight tokens); over the
         simulator's family matrix, c = 1.5, 2, 3 give goodput within 1 % of each other
-        (geometric mean over 32 cells; docs/fleet-benchmark.md).
+        (geometric mean over 32 cells; docs/history/2026-12-fleet-benchmark-default-policy.md).
     ``hot_share_factor`` : float > 0, dimensionless; default 0.5. ``h`` of rule 1: a group
         keeps one engine only while it leaves at least half of that engine's share to the
         other groups that hash there (at ``h = 1`` a tenant with exactly one engine's share
@@ -135,7 +136,7 @@ Tunables
         TTFT p99 (agentic 1760 → 831 ms, chat 380 → 215 ms) at equal goodput; simulator,
         4 seeds × 32 cells: a = 1 within 0.6 % of a = 0 in every family except bursts at
         0.7 (−1.8 %, p99 4.2 → 3.2 s), and a = 0.5 or 2 within 1.4 % of a = 1 in every
-        cell (docs/fleet-benchmark.md).
+        cell (docs/history/2026-12-fleet-benchmark-default-policy.md).
     ``order`` : ``"shallow"`` (default) or ``"deep"``.
 
 Invariants
