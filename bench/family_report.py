@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastroute.fleetbench.lp_share import load_over_share
+
 #: The default policy's router name in the specs, and its 4 workers × 2 proxies variant.
 DEFAULT = "fastroute"
 DEFAULT_4X2 = "default-4x2"
@@ -35,8 +37,6 @@ CACHE_AWARE_4X2 = "cache-aware-4x2"
 WEIGHTED_HRW = "fastroute:weighted-hrw"
 ROUND_ROBINS = ("fastroute:round-robin", "sglang:round_robin", "vllm-router:round_robin")
 PEER_PREFIXES = ("sglang:", "vllm-router:")
-#: Families whose requests share prompt prefixes (every family but ``long-tail``).
-PREFIX_SHARING = ("chat", "prefix-tree", "mooncake", "rag", "agentic", "hot-prompt", "bursts")
 #: Table order of the families.
 FAMILY_ORDER = (
     "chat",
@@ -75,13 +75,8 @@ MEAN_SEED = -1
 
 def _row(family: str, load: int, seed: int, result: dict[str, Any]) -> Row:
     summary = result.get("summary") or {}
-    shares = [v for v in (result.get("engine_share") or {}).values()]
-    lp = result.get("lp_share") or {}
-    over = [
-        share / lp[name]
-        for name, share in (result.get("engine_share") or {}).items()
-        if lp.get(name)
-    ]
+    served = result.get("engine_share") or {}
+    shares = list(served.values())
     return Row(
         family=family,
         load=load,
@@ -94,7 +89,7 @@ def _row(family: str, load: int, seed: int, result: dict[str, Any]) -> Row:
         tbot_p99_s=float((summary.get("tbot") or {}).get("p99_s") or math.nan),
         hit=float(result.get("cache_hit_rate") or 0.0),
         share_max_min=(max(shares) / min(shares)) if shares and min(shares) > 0 else math.inf,
-        served_over_lp=max(over) if over else None,
+        served_over_lp=load_over_share(served, result.get("lp_share") or {}),
         cpu_us_per_request=float(result.get("router_cpu_us_per_request") or math.nan),
     )
 
@@ -336,17 +331,14 @@ def plot(rows: Sequence[Row], path: Path) -> None:
     families = [f for f in FAMILY_ORDER if any(r.family == f for r in rows)]
     routers = sorted({r.router for r in rows}, key=_router_order)
     loads = sorted({r.load for r in rows})
+    headline = [r for r in headline_rows(rows) if r.status == "ok"]
     n_rows = math.ceil(len(families) / 2)
     fig, axes = plt.subplots(n_rows, 4, figsize=(16, 3.0 * n_rows), squeeze=False)
     xs = range(len(routers))
     for i, family in enumerate(families):
         ax_good, ax_p99 = axes[i // 2][2 * (i % 2)], axes[i // 2][2 * (i % 2) + 1]
         for load, marker in zip(loads, "os^D", strict=False):
-            found = {
-                r.router: r
-                for r in headline_rows(rows)
-                if (r.family, r.load) == (family, load) and r.status == "ok"
-            }
+            found = {r.router: r for r in headline if (r.family, r.load) == (family, load)}
             good = [found[x].goodput if x in found else math.nan for x in routers]
             p99 = [found[x].ttft_p99_s if x in found else math.nan for x in routers]
             ax_good.plot(xs, good, marker, label=f"{load} %")
@@ -385,7 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run_dirs",
         type=Path,
         nargs="+",
-        help="--out of the fleet benchmark run (later ones replace a router's earlier rows)",
+        help="--out of fleet benchmark runs (a later one replaces a router's rows of the same "
+        "seed; another seed is another sample)",
     )
     parser.add_argument("--plot", type=Path, help="write the goodput plot (PNG) here")
     args = parser.parse_args(argv)

@@ -90,7 +90,7 @@ def test_the_verdict_compares_the_default_with_the_best_router_peer_and_round_ro
 def test_the_report_prints_the_tables_and_draws_the_plot(
     run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("matplotlib")
+    # matplotlib is a test dependency (pyproject `test` extra): no skip
     png = run / "families.png"
     assert main([str(run), "--plot", str(png)]) == 0
     out = capsys.readouterr().out
