@@ -4,6 +4,7 @@
     python bench/policy_matrix.py                         # the full matrix
     python bench/policy_matrix.py --policies my-policy    # add a policy to the default four
     python bench/policy_matrix.py --families rag,chat --routers cache-aware --out out/m
+    python bench/policy_matrix.py --configs 4x2 --set dataplane.scrape_interval_s=1
 
 Every cell is one simulator run of ``examples/scenarios/families/<family>.toml`` with its
 ``target_load``, ``dataplane.workers`` and ``dataplane.proxies`` set, the policy and the
@@ -136,7 +137,7 @@ def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
     cells = []
     for family in args.families:
         for policy in args.routers:
-            for workers, proxies in CONFIGS:
+            for workers, proxies in args.configs:
                 for load in loads:
                     for seed in seeds:
                         cells.append(
@@ -150,6 +151,7 @@ def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 "proxies": proxies,
                                 "settings": {
                                     **settings,
+                                    **args.set,
                                     **(
                                         {"dataplane.policy_params": args.params}
                                         if args.params
@@ -157,7 +159,8 @@ def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
                                     ),
                                 },
                                 "label": policy
-                                + (json.dumps(args.params, sort_keys=True) if args.params else ""),
+                                + (json.dumps(args.params, sort_keys=True) if args.params else "")
+                                + "".join(f" {k}={v}" for k, v in args.set.items()),
                             }
                         )
     return cells
@@ -165,6 +168,20 @@ def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _config(text: str) -> tuple[int, int]:
+    workers, _, proxies = text.partition("x")
+    return int(workers), int(proxies)
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    from fastroute.sim.scenario import ScenarioError, parse_setting
+
+    try:
+        return parse_setting(text)
+    except ScenarioError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -192,8 +209,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="tunables for every policy run, JSON (e.g. '{\"balance_factor\": 3.0}'); "
         "the results label the policy with them",
     )
+    ap.add_argument(
+        "--configs",
+        type=lambda s: [_config(x) for x in _csv(s)],
+        default=list(CONFIGS),
+        help="WORKERSxPROXIES comma list; default 1x1,4x2",
+    )
+    ap.add_argument(
+        "--set",
+        type=_setting,
+        action="append",
+        default=[],
+        help="scenario setting KEY=VALUE for every run (repeatable), e.g. "
+        "dataplane.scrape_interval_s=1; the results label the policy with it",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "out" / "policy-matrix")
     args = ap.parse_args(argv)
+    args.set = dict(args.set)
     args.routers = list(dict.fromkeys([*args.routers, *args.policies]))
     unknown = [p for p in args.routers if p not in POLICIES]
     if unknown:

@@ -826,6 +826,19 @@ class ProxyConfig(_Section):
     models_scrape_interval_s : float
         How often each worker asks every engine's ``GET /v1/models`` (what ``GET /v1/models``
         and ``/ready`` report), seconds.
+    peers : array of str
+        ``http(s)://host:port`` of the deployment's *other* proxies (one per host). One
+        worker per host polls their ``GET /admin/queue`` every ``peer_poll_interval_s`` and
+        every worker adds the prompt tokens they have queued on each engine to its host's
+        (:mod:`fastroute.proxy.background.peer_queues`): load-aware policies (``prefix-hrw``)
+        then see every proxy's queue, not only their own host's share of it. Sends
+        ``admin_token`` as a bearer token (the peers' admin rule: loopback or that token).
+        Empty (the default): each proxy sees its own host's queue only. At most 64.
+    peer_poll_interval_s : float
+        Period of the peer polls, seconds; default 0.25 (a prompt queues for about one
+        prefill: at a 1 s period the simulator kept half of what the exchange is worth,
+        at 0.25 s nearly all; docs/fleet-benchmark.md "Several proxies"). A poll that has
+        not answered within 0.8 of the period counts that peer as 0 for the round.
     proxy_count : int
         Proxies (hosts) that share the tenants' fleet-wide limits when no controller
         divides them (or before its first table): each proxy enforces the limit divided
@@ -866,6 +879,11 @@ class ProxyConfig(_Section):
     max_engines: Annotated[int, msgspec.Meta(ge=1, le=MAX_STATS_ENGINES)] = DEFAULT_MAX_ENGINES
     passthrough_paths: Annotated[tuple[PassthroughPath, ...], msgspec.Meta(max_length=256)] = ()
     models_scrape_interval_s: PositiveSeconds = 15.0
+    peers: Annotated[
+        tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=2048)], ...],
+        msgspec.Meta(max_length=64),
+    ] = ()
+    peer_poll_interval_s: Annotated[float, msgspec.Meta(ge=0.01, le=60)] = 0.25
     proxy_count: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
 
     def __post_init__(self) -> None:
@@ -1717,6 +1735,12 @@ def _cross_field_problems(config: Config) -> Iterator[tuple[str, str]]:
         problem = _url_problem(url)
         if problem is not None:
             yield f"$.proxy.controller_fallback_urls[{i}]", problem
+    for i, url in enumerate(config.proxy.peers):
+        problem = _url_problem(url)
+        if problem is not None:
+            yield f"$.proxy.peers[{i}]", problem
+        elif url.rstrip("/") in (u.rstrip("/") for u in config.proxy.peers[:i]):
+            yield f"$.proxy.peers[{i}]", f"expected distinct peers, {url!r} repeats"
     headers = ("session_header", "priority_header", "zone_header")
     lowered = [getattr(config.proxy, h).lower() for h in headers]
     for i, header in enumerate(headers):

@@ -48,13 +48,23 @@ class ProxySettings:
         Its shared-memory stats block (unique per proxy and run).
     workers : int
         ``proxy.workers``: worker processes sharing the port and the stats block.
+    peers : sequence of str
+        ``proxy.peers``: the other proxies' base URLs (default none).
     """
 
-    def __init__(self, cluster: str, port: int, stats_name: str, workers: int = 1) -> None:
+    def __init__(
+        self,
+        cluster: str,
+        port: int,
+        stats_name: str,
+        workers: int = 1,
+        peers: Sequence[str] = (),
+    ) -> None:
         self.cluster = cluster
         self.port = port
         self.stats_name = stats_name
         self.workers = workers
+        self.peers = tuple(peers)
 
 
 def render_config(
@@ -170,6 +180,8 @@ def render_config(
     ]
     if controller_url:
         lines.append(f"controller_url = {_q(controller_url)}")
+    if proxy.peers:
+        lines.append(f"peers = [{', '.join(_q(u) for u in proxy.peers)}]")
     lines += [
         "",
         "[controller]",

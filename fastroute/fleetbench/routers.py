@@ -76,6 +76,8 @@ class RouterPlan:
         A variant's ``hedge``: its classes hedge first tokens.
     workers, proxies : int
         A variant's ``proxy.workers`` and its proxies per source cluster.
+    peers : bool
+        A variant's ``peers``: the run's proxies poll each other's queues.
     """
 
     name: str
@@ -88,6 +90,7 @@ class RouterPlan:
     hedge: bool = False
     workers: int = 1
     proxies: int = 1
+    peers: bool = True
 
 
 def _find_executable(name: str) -> str | None:
@@ -124,7 +127,7 @@ def resolve_router(
         return RouterPlan(
             name, "fastroute", variant.policy, params=dict(variant.params),
             hardware=variant.hardware or None, hedge=variant.hedge,
-            workers=variant.workers, proxies=variant.proxies,
+            workers=variant.workers, proxies=variant.proxies, peers=variant.peers,
         )  # fmt: skip
     if name in custom:
         return RouterPlan(name, "command", None, custom[name], _check(custom[name]))

@@ -239,7 +239,7 @@ async def _start_router(
             policy=plan.policy or DEFAULT_POLICY_NAME, policy_params=plan.params,
             hardware=plan.hardware, hedge=plan.hedge,
             period_s=spec.controller_period_s, controller_enabled=spec.controller, slo_s=slo,
-            workers=plan.workers, proxies_per_source=plan.proxies,
+            workers=plan.workers, proxies_per_source=plan.proxies, peers=plan.peers,
         )  # fmt: skip
         await stack.start()
         for name, proc in stack.proxies.items():

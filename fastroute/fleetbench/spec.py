@@ -147,6 +147,10 @@ class FastrouteVariant(msgspec.Struct, **_OPTS):
         Proxies per source cluster (1–8), sharing nothing but the controller's table (as
         on separate hosts); the client sends its requests to them in turn, request by
         request (a stateless balancer in front), so affinity must hold across them.
+    peers : bool
+        With several proxies in the run, each lists all the others as ``proxy.peers``
+        (they poll each other's queued prompt tokens; default true, what a deployment of
+        several proxies should configure). False: each sees its own queue only.
     """
 
     policy: PolicyName
@@ -155,6 +159,7 @@ class FastrouteVariant(msgspec.Struct, **_OPTS):
     hedge: bool = False
     workers: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1
     proxies: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
+    peers: bool = True
 
 
 class BenchSpec(msgspec.Struct, **_OPTS):

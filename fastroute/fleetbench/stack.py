@@ -104,6 +104,9 @@ class FastrouteStack:
     proxies_per_source : int
         Proxies per source cluster, each with its own port and stats block and nothing
         shared but the controller's table (as on separate hosts).
+    peers : bool
+        With more than one proxy in the run, each lists the others as ``proxy.peers``
+        (default); False: none does.
     log_level : str
         ``--log-level`` of the children.
     edit_config : callable, optional
@@ -125,6 +128,7 @@ class FastrouteStack:
     slo_s: Mapping[str, tuple[float, float]] | None = None
     workers: int = 1
     proxies_per_source: int = 1
+    peers: bool = True
     log_level: str = "WARNING"
     edit_config: Callable[[str], str] | None = None
     controller: ManagedProcess | None = None
@@ -159,9 +163,15 @@ class FastrouteStack:
         controller_port = free_port()
         if self.controller_enabled:
             self.controller_url = f"http://127.0.0.1:{controller_port}"
-        for index, source in enumerate(self.sources):
-            for copy in range(self.proxies_per_source):
-                self._write_config(index, source, copy, controller_port)
+        ports = {
+            (index, copy): free_port()
+            for index in range(len(self.sources))
+            for copy in range(self.proxies_per_source)
+        }
+        urls = {key: f"http://127.0.0.1:{port}" for key, port in ports.items()}
+        for (index, copy), port in ports.items():
+            peers = [u for key, u in urls.items() if key != (index, copy)] if self.peers else []
+            self._write_config(index, copy, port, peers, controller_port)
         if self.controller_enabled:
             first = next(iter(self.config_paths.values()))
             self.controller = self.procs.start(
@@ -182,11 +192,14 @@ class FastrouteStack:
         )
         return self.proxy_urls
 
-    def _write_config(self, index: int, source: str, copy: int, controller_port: int) -> None:
+    def _write_config(
+        self, index: int, copy: int, port: int, peers: list[str], controller_port: int
+    ) -> None:
         # one proxy: "<source>" alone, "<source>-<copy>" when a source has several
+        source = self.sources[index]
         name = source if self.proxies_per_source == 1 else f"{source}-{copy}"
         stats = f"{self.shm_prefix}-stats-{index}" + ("" if copy == 0 else f"-{copy}")
-        settings = ProxySettings(source, free_port(), stats, workers=self.workers)
+        settings = ProxySettings(source, port, stats, workers=self.workers, peers=peers)
         text = render_config(
             self.fleet,
             self.engines,

@@ -222,6 +222,10 @@ class StaticFleetView:
     queued_loads : ndarray of int64 or None
         Queued prompt tokens per engine (no first token yet); None (untracked) unless
         the owner sets it and updates it in place.
+    peer_queued : ndarray of int64 or None
+        Queued prompt tokens per engine of the other proxies (the proxy's
+        ``EngineStats.peer_queued``), added to ``queued_loads`` by :meth:`queued_tokens`; None
+        (the default): none.
     """
 
     def __init__(
@@ -246,6 +250,7 @@ class StaticFleetView:
         self.loads = np.zeros(n, dtype=np.int64)
         self.token_loads = np.zeros(n, dtype=np.int64)
         self.queued_loads: np.ndarray | None = None
+        self.peer_queued: np.ndarray | None = None
         if available is not None:
             self.set_available(available)
 
@@ -291,7 +296,10 @@ class StaticFleetView:
         return self.token_loads
 
     def queued_tokens(self) -> np.ndarray | None:
-        return self.queued_loads
+        queued, peers = self.queued_loads, self.peer_queued
+        if queued is None or peers is None:
+            return queued
+        return queued + peers
 
 
 class Policy(abc.ABC):

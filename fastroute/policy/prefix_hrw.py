@@ -32,11 +32,14 @@ Algorithm
        to the root's home (the share estimate observes the same keys as afterwards).
     2. **Load bound.** The load ``L_e`` of an engine is its **queued prompt tokens**: the
        prompts of the attempts in flight to it from this host (all workers: the shared
-       stats block) that have not produced their first token (or, for a JSON answer,
-       ended) yet, each less the prefix its decision expected cached there
-       (``Decision.cached_tokens``: the saving of rule 3 at the chosen engine, 0 after a
-       spill), the prefill a new request waits behind; a view that does not track
-       them gives in-flight tokens (prompt + output budget), else in-flight requests.
+       stats block), and from the deployment's other proxies when ``proxy.peers`` lists
+       them (polled, :mod:`fastroute.proxy.background.peer_queues`; without it each of
+       ``p`` proxies sees about ``1/p`` of every queue), that have not produced their first
+       token (or, for a JSON answer, ended) yet, each less the prefix its decision expected
+       cached there (``Decision.cached_tokens``: the saving of rule 3 at the chosen
+       engine, 0 after a spill), the prefill a new request waits behind; a view that does
+       not track them gives in-flight tokens (prompt + output budget), else in-flight
+       requests.
        Net of the cache because a returning session's cached prefix is no work: counted
        whole, two or three cached 5 k-token chat turns put a home over its bound and 18 %
        of consecutive chat turns changed engine through the fleet at 90 % (5 % net of it).

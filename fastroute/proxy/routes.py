@@ -39,6 +39,11 @@ The engine endpoints (``/tokenize``, ``/pooling``, ``/score``, ``/rerank``, ``/c
     bearer token.
 ``/admin/engines`` and below
     The fleet admin API, same access rule: :mod:`fastroute.proxy.admin_engines`.
+``GET /admin/queue``
+    ``{"engines": {name: tokens}}``: the prompt tokens this host's attempts (every worker's)
+    have queued on each engine, engines with none left out; same access rule. The other
+    proxies of the deployment poll it (``proxy.peers``,
+    :mod:`fastroute.proxy.background.peer_queues`). Their own queues are not in it.
 
 Unknown routes and wrong methods get OpenAI-shaped 404/405 errors.
 """
@@ -53,6 +58,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
+import numpy as np
 
 from fastroute.proxy.background.models_scrape import ModelCard, models_body
 from fastroute.proxy.http.openai_errors import error_reply
@@ -65,7 +71,9 @@ if TYPE_CHECKING:
 __all__ = [
     "INFERENCE_PATHS",
     "ENGINE_SCOPED_PATHS",
+    "QUEUE_PATH",
     "is_get_path",
+    "queued_by_engine",
     "get_reply",
     "not_allowed",
     "unknown_url",
@@ -84,6 +92,8 @@ INFERENCE_PATHS = {
 #: The ``GET`` endpoints (besides ``/admin/decisions/{request_id}``).
 _GET_PATHS = ("/v1/models", "/health", "/ready", "/metrics")
 _DECISIONS_PREFIX = "/admin/decisions/"
+#: This host's queued prompt tokens per engine (what peers poll).
+QUEUE_PATH = "/admin/queue"
 #: vLLM's liveness alias (``GET`` or ``POST``), answered like ``/health``.
 _PING_PATH = "/ping"
 #: Engine paths the proxy does not route, and why.
@@ -95,7 +105,7 @@ ENGINE_SCOPED_PATHS = {
 
 def is_get_path(path: str) -> bool:
     """``path`` is one of the ``GET`` routes (decision records included)."""
-    return path in _GET_PATHS or path.startswith(_DECISIONS_PREFIX)
+    return path in _GET_PATHS or path == QUEUE_PATH or path.startswith(_DECISIONS_PREFIX)
 
 
 def not_allowed(method: str, path: str, allowed: tuple[str, ...]) -> Reply:
@@ -151,7 +161,11 @@ def get_reply(
     if path == "/metrics":
         ctx.metrics.table_generation.set(ctx.fleet.state.generation)
         return Reply(200, [("Content-Type", "text/plain; version=0.0.4")], ctx.metrics.render())
-    return _decision_reply(ctx, path[len(_DECISIONS_PREFIX) :], headers, remote)
+    if not _admin_allowed(ctx, headers, remote):
+        return _forbidden()
+    if path == QUEUE_PATH:
+        return _json_reply({"engines": queued_by_engine(ctx)})
+    return _decision_reply(ctx, path[len(_DECISIONS_PREFIX) :])
 
 
 def _model_cards(ctx: ProxyContext) -> list[ModelCard]:
@@ -217,13 +231,19 @@ def _admin_allowed(ctx: ProxyContext, headers: Mapping[str, str], remote: str | 
     return _is_loopback(remote)
 
 
-def _decision_reply(
-    ctx: ProxyContext, rid: str, headers: Mapping[str, str], remote: str | None
-) -> Reply:
-    if not _admin_allowed(ctx, headers, remote):
-        return error_reply(
-            403, "Admin endpoints need loopback or the admin token.", code="forbidden"
-        )
+def _forbidden() -> Reply:
+    return error_reply(403, "Admin endpoints need loopback or the admin token.", code="forbidden")
+
+
+def queued_by_engine(ctx: ProxyContext) -> dict[str, int]:
+    """This host's queued prompt tokens per engine name (every worker's when the stats
+    block is shared), engines with none left out; peers' queues are not included."""
+    fleet = ctx.fleet
+    queued = fleet.stats.own_queued_tokens()
+    return {fleet.names[i]: int(queued[i]) for i in np.flatnonzero(queued > 0)}
+
+
+def _decision_reply(ctx: ProxyContext, rid: str) -> Reply:
     record = ctx.decisions.get(rid) if rid and "/" not in rid else None
     if record is None:
         return error_reply(

@@ -54,7 +54,7 @@ from fastroute.predict.calibration import datasheet_profile
 from fastroute.predict.step_time import NominalStepTimes
 from fastroute.sim.capacity import idle_latencies, request_shapes, saturation_capacity_rps
 from fastroute.sim.control import ControlInput, ControlOutput, EngineWindow, Optimiser
-from fastroute.sim.fleet import DataPlane, SimEngine, engine_load, new_shared_loads
+from fastroute.sim.fleet import DataPlane, ProxyLoads, SimEngine, engine_load
 from fastroute.sim.hedging import HedgeDelays
 from fastroute.sim.records import RequestRecord
 from fastroute.sim.scenario import Scenario, ScenarioError
@@ -64,7 +64,9 @@ from fastroute.workload.session import reply_text
 __all__ = ["Simulator", "SimResult", "ControlSample", "prepare_sessions"]
 
 # Event kinds, in tie-break order.
-K_CONTROL, K_PULL, K_FAULT, K_TURN, K_ARRIVE, K_TRANSFER, K_RESPONSE, K_STEP, K_HEDGE = range(9)
+K_CONTROL, K_PULL, K_FAULT, K_TURN, K_ARRIVE, K_TRANSFER, K_RESPONSE, K_STEP, K_HEDGE, K_POLL = (
+    range(10)
+)
 # EngineState columns, as plain ints for the event loop.
 _Q_TOK = int(StateColumn.QUEUED_PREFILL_TOKENS)
 _Q_REQ = int(StateColumn.QUEUED_REQUESTS)
@@ -535,12 +537,14 @@ class Simulator:
         # the proxy's in-flight counts (its shared-memory stats block).
         cfg = self.scenario.dataplane
         self.dataplanes: list[DataPlane] = []
+        self.proxy_loads: list[tuple[str, ProxyLoads]] = []
         self.proxies_by_region: dict[str, list[list[DataPlane]]] = {}
         n_e = len(self.engines)
         for r in self.regions:
             proxies = self.proxies_by_region[r] = []
             for _ in range(cfg.proxies):
-                shared = new_shared_loads(n_e)
+                shared = ProxyLoads(n_e, peers=cfg.peer_poll_interval_s > 0)
+                self.proxy_loads.append((r, shared))
                 workers = []
                 for _ in range(cfg.workers):
                     i = len(self.dataplanes)
@@ -641,6 +645,11 @@ class Simulator:
                 self._push(f.start_s + f.duration_s, K_FAULT, f, False)
         if sc.control.optimiser != "none":
             self._push(sc.control.period_s, K_CONTROL)
+        poll_s = sc.dataplane.peer_poll_interval_s
+        if poll_s > 0:
+            phases = random.Random(f"peer-polls/{self.seed}")
+            for _, proxy in self.proxy_loads:
+                self._push(phases.uniform(0.0, poll_s), K_POLL, proxy)
         end = sc.duration_s + sc.drain_s
         self.end_s = end
         heap = self._heap
@@ -679,6 +688,8 @@ class Simulator:
                     self._on_fault(t, a, b)
                 elif kind == K_HEDGE:
                     self._on_hedge(t, a, b)
+                elif kind == K_POLL:
+                    self._on_poll(t, a)
             if self.progress is not None and not heap_events & 1023:
                 w = time.perf_counter()
                 if w >= next_progress:
@@ -1503,6 +1514,15 @@ class Simulator:
     def _fault_engines(self, names: Sequence[str]) -> list[SimEngine]:
         wanted = set(names)
         return [e for e in self.engines if e.name in wanted or e.group in wanted]
+
+    def _on_poll(self, t: float, proxy: ProxyLoads) -> None:
+        """A proxy's poll of the other proxies (every proxy of the deployment: they
+        share the engines across regions too; a partitioned peer answers nothing)."""
+        region = next(r for r, p in self.proxy_loads if p is proxy)
+        proxy.polled(
+            [p for r, p in self.proxy_loads if p is not proxy and not self._cut(region, r)]
+        )
+        self._push(t + self.scenario.dataplane.peer_poll_interval_s, K_POLL, proxy)
 
     def _on_fault(self, t: float, f: Any, start: bool) -> None:
         if f.kind == "crash":

@@ -32,7 +32,7 @@ from fastroute.policy.marginal import (
 from fastroute.predict.interleave import PrefillInterleave
 from fastroute.sim.scenario import DataPlaneConfig
 
-__all__ = ["SimEngine", "DataPlane", "engine_load", "new_shared_loads", "STATE_POLICIES"]
+__all__ = ["SimEngine", "DataPlane", "ProxyLoads", "engine_load", "STATE_POLICIES"]
 
 #: Policies that read per-engine load (an :class:`~fastroute.policy.marginal.EngineState`);
 #: the simulator fills the state before each of their decisions.
@@ -202,14 +202,31 @@ class SimEngine:
         return queried, hit, self.generated_lost + self.model.generation_tokens_total
 
 
-def new_shared_loads(n_engines: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Zeroed in-flight (requests, tokens, queued prompt tokens) arrays for the workers
-    of one proxy."""
-    return (
-        np.zeros(n_engines, dtype=np.int64),
-        np.zeros(n_engines, dtype=np.int64),
-        np.zeros(n_engines, dtype=np.int64),
-    )
+class ProxyLoads:
+    """What the workers of one proxy count together (the proxy's shared stats block):
+    in-flight requests, tokens and queued prompt tokens per engine; and, when the proxies
+    poll each other (``dataplane.peer_poll_interval_s``), the other proxies' queued prompt
+    tokens as of this proxy's last poll (the proxy's ``EngineStats.peer_queued``).
+
+    Parameters
+    ----------
+    n_engines : int
+    peers : bool
+        Keep ``peer_queued`` (else None: this proxy sees its own queue only).
+    """
+
+    def __init__(self, n_engines: int, peers: bool = False) -> None:
+        self.in_flight = np.zeros(n_engines, dtype=np.int64)
+        self.tokens = np.zeros(n_engines, dtype=np.int64)
+        self.queued_tokens = np.zeros(n_engines, dtype=np.int64)
+        self.peer_queued = np.zeros(n_engines, dtype=np.int64) if peers else None
+
+    def polled(self, others: list[ProxyLoads]) -> None:
+        """A poll round: the other proxies' queued prompt tokens, now."""
+        if self.peer_queued is not None:
+            self.peer_queued[:] = 0
+            for other in others:
+                self.peer_queued += other.queued_tokens
 
 
 class DataPlane:
@@ -236,9 +253,9 @@ class DataPlane:
         Index into ``type_names`` per engine.
     policy_extra : dict
         Constructor arguments the simulator adds to ``config.policy_params``.
-    shared_loads : tuple of three ndarray, optional
-        In-flight (requests, tokens, queued prompt tokens) per engine shared with the
-        other workers of the same proxy (default: this data plane's own).
+    shared_loads : ProxyLoads, optional
+        The counts shared with the other workers of the same proxy (default: this data
+        plane's own).
 
     Attributes
     ----------
@@ -260,7 +277,7 @@ class DataPlane:
         type_names: tuple[str, ...] = ("a40",),
         engine_types: list[int] | None = None,
         policy_extra: dict[str, Any] | None = None,
-        shared_loads: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        shared_loads: ProxyLoads | None = None,
     ) -> None:
         self.index = index
         self.region = region
@@ -291,9 +308,10 @@ class DataPlane:
         self.state = EngineState(n, type_names)
         if engine_types is not None:
             self.state.column("engine_type")[:] = engine_types
-        if shared_loads is None:
-            shared_loads = new_shared_loads(n)
-        self.loads, self.token_loads, self.queued_loads = shared_loads
+        self.proxy = shared_loads if shared_loads is not None else ProxyLoads(n)
+        self.loads = self.proxy.in_flight
+        self.token_loads = self.proxy.tokens
+        self.queued_loads = self.proxy.queued_tokens
         self.view = self._make_view(weights)
         self.shed_fraction = np.zeros(weights.shape[0])
         self.table_version = 0
@@ -339,6 +357,7 @@ class DataPlane:
             view.loads = self.loads
             view.token_loads = self.token_loads
             view.queued_loads = self.queued_loads
+            view.peer_queued = self.proxy.peer_queued
         return view
 
     def routed(self, route: RouteRequest, index: int, tokens: int, queued_tokens: int = 0) -> None:

@@ -234,6 +234,12 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
         What load-aware policies see as in-flight counts: this data plane's own
         (``local``, as the proxy does), or the fleet-wide counts the control plane
         published with the last table (``global-stale``: the herd experiment).
+    peer_poll_interval_s : float
+        Each proxy polls the others' queued prompt tokens per engine this often (s) and
+        adds them to its own until the next poll (the proxy's ``proxy.peers`` /
+        ``peer_poll_interval_s``, :mod:`fastroute.proxy.background.peer_queues`); the
+        proxies poll out of phase (a random offset each) and the answer is taken as of
+        the poll. 0 (default): no polls, each proxy sees its own queue only.
     """
 
     policy: str = DEFAULT_POLICY
@@ -257,6 +263,7 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     workers: int = 1
     proxies: int = 1
     load_view: Literal["local", "global-stale"] = "local"
+    peer_poll_interval_s: float = 0.0
     hedge: bool = False
     hedge_quantile: float = 0.95
     hedge_floor_s: float = 0.05
@@ -478,6 +485,8 @@ def _check(s: Scenario, where: str) -> None:
         bad("dataplane needs hedge_floor_s > 0, hedge_window >= 16, hedge_min_samples >= 1")
     if d.workers < 1 or d.proxies < 1:
         bad(f"dataplane needs workers >= 1 and proxies >= 1, got {d.workers} and {d.proxies}")
+    if not d.peer_poll_interval_s >= 0:
+        bad(f"dataplane.peer_poll_interval_s must be >= 0, got {d.peer_poll_interval_s}")
     groups = set(names)
     engine_names = {f"{g.name}-{i}" for g in s.engines for i in range(g.count)}
     for f in s.faults:

@@ -259,7 +259,11 @@ class Counter(IntEnum):
     FAILURES = 24  # failed requests, total
     # Prompt tokens of the attempts in flight that have not produced their first token
     # (or whole answer) yet: the prefill work queued ahead of a new request (prefix-hrw).
+    # With proxy.peers it also holds what the other proxies have queued there (below).
     QUEUED_TOKENS = 64
+    # The part of QUEUED_TOKENS that is the deployment's other proxies', as this host's peer
+    # poller last read them (proxy.peers); written by that one worker only, into both fields.
+    PEER_QUEUED_TOKENS = 72
 
 
 class Ewma(IntEnum):

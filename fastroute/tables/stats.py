@@ -189,6 +189,12 @@ class StatsBlock:
         if self._lock is not None:
             self._lock.release()
 
+    @property
+    def peer_poller_path(self) -> Path:
+        """What the host's peer poller locks (a :class:`WriterLock` on it: one worker per
+        host polls ``proxy.peers``); :meth:`unlink` removes its lock file too."""
+        return self.path.with_name(self.path.name + ".peers")
+
     def unlink(self) -> None:
         """Remove the block's files and close (creator only)."""
         if self._lock is None:
@@ -197,6 +203,8 @@ class StatsBlock:
             self.path.unlink()
         except FileNotFoundError:
             pass
+        poller = self.peer_poller_path
+        poller.with_name(poller.name + ".lock").unlink(missing_ok=True)
         lock, self._lock = self._lock, None
         self.close()
         lock.release(unlink=True)

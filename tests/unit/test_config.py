@@ -675,3 +675,16 @@ def test_controller_ha_is_off_by_default_and_validated() -> None:
     assert "lease_ttl_s / 3" in str(slow)  # the default 1 s timeout cannot fit a 2/3 s renewal
     bad = _error(MINIMAL + '[proxy]\ncontroller_fallback_urls = ["ctl2:8090"]\n')
     assert "controller_fallback_urls[0]" in str(bad)
+
+
+def test_proxy_peers_are_server_roots_listed_once() -> None:
+    assert decode_config(MINIMAL).proxy.peers == ()
+    assert decode_config(MINIMAL).proxy.peer_poll_interval_s == 0.25
+    ok = decode_config(MINIMAL + '[proxy]\npeers = ["http://10.0.0.2:8080"]\n')
+    assert ok.proxy.peers == ("http://10.0.0.2:8080",)
+    bad = _error(MINIMAL + '[proxy]\npeers = ["http://10.0.0.2:8080", "10.0.0.3:8080"]\n')
+    assert "$.proxy.peers[1]" in str(bad) and "http://host:port" in str(bad)
+    twice = _error(MINIMAL + '[proxy]\npeers = ["http://p:8080", "http://p:8080/"]\n')
+    assert "$.proxy.peers[1]" in str(twice) and "repeats" in str(twice)
+    fast = _error(MINIMAL + "[proxy]\npeer_poll_interval_s = 0.001\n")
+    assert "peer_poll_interval_s" in str(fast)

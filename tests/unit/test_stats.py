@@ -136,3 +136,16 @@ def test_engines_added_later_get_slots_readers_adopt_them_on_refresh(shm_name) -
     finally:
         reader.close()
         creator.unlink()
+
+
+def test_unlink_removes_the_peer_pollers_lock_file_too(shm_name) -> None:
+    """The host's peer poller locks ``<name>.peers``; the block's removal leaves no file."""
+    from fastroute.tables.segment import WriterLock
+
+    created = StatsBlock.create(shm_name, [1])
+    poller = WriterLock(created.peer_poller_path)
+    lock_file = poller.path
+    assert lock_file.name == f"{shm_name}.peers.lock" and lock_file.exists()
+    poller.release()
+    created.unlink()
+    assert not lock_file.exists() and not created.path.exists()

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import Callable, Mapping
-from urllib.parse import urlsplit
 
 from fastroute.predict import FleetCalibration
 from fastroute.proxy.http import http1
@@ -72,13 +70,13 @@ class Reporter:
         calibration: Callable[[], FleetCalibration | None] | None = None,
     ) -> None:
         self.url = controller_url.rstrip("/") + "/v1/reports"
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or parts.hostname is None:
-            raise ValueError(f"controller_url must be http(s)://host[:port]: {controller_url!r}")
-        self._host = parts.hostname
-        self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._tls = parts.scheme == "https"
-        self._path = parts.path
+        self._pool: http1.HostPool | None
+        try:
+            self._pool, self._path = http1.pool_for_url(self.url)
+        except ValueError:
+            raise ValueError(
+                f"controller_url must be http(s)://host[:port]: {controller_url!r}"
+            ) from None
         self.aggregator = aggregator
         self.interval_s = interval_s
         self.timeout_s = min(1.0, 0.8 * interval_s) if timeout_s is None else timeout_s
@@ -88,7 +86,6 @@ class Reporter:
         self.sent_total = 0
         self.failed_total = 0
         self.last_error: str | None = None
-        self._pool: http1.HostPool | None = None
 
     async def report_once(self, now_s: float | None = None) -> bool:
         """Drain the current window and post it; return True if the controller took it."""
@@ -100,13 +97,8 @@ class Reporter:
             assert cal is not None
             report.calibration = cal.snapshot()
         body = encode_report(report)
-        if self._pool is None:
-            self._pool = http1.HostPool(
-                self._host,
-                self._port,
-                limit=1,
-                ssl_context=ssl.create_default_context() if self._tls else None,
-            )
+        if self._pool is None:  # closed: a new one
+            self._pool, _ = http1.pool_for_url(self.url)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         try:

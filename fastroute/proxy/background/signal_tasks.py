@@ -11,6 +11,9 @@
   :class:`~fastroute.proxy.background.puller.WeightsPuller` writing the controller's tables
   into ``proxy.table_name`` (one per host: the writer lock decides);
 * ``proxy.scrape_engines``: an :class:`~fastroute.proxy.background.scraper.EngineScraper`;
+* ``proxy.peers``: a :class:`~fastroute.proxy.background.peer_queues.PeerQueues` (the other
+  proxies' queued prompt tokens, every ``proxy.peer_poll_interval_s``; its metrics are
+  listed there);
 * always: a :class:`~fastroute.proxy.background.models_scrape.ModelsScraper` (every engine's
   ``GET /v1/models`` every ``proxy.models_scrape_interval_s``), whose
   :class:`~fastroute.proxy.background.models_scrape.ModelCatalog` becomes ``ctx.models``
@@ -62,6 +65,7 @@ from fastroute.predict import FleetCalibration
 from fastroute.proxy.background.calibration_pull import CalibrationPull
 from fastroute.proxy.background.leader_lookup import EtcdLeader
 from fastroute.proxy.background.models_scrape import ModelCatalog, ModelsScraper
+from fastroute.proxy.background.peer_queues import PeerQueues, PeerQueuesCollector
 from fastroute.proxy.background.puller import WeightsPuller
 from fastroute.proxy.background.reporter import Reporter
 from fastroute.proxy.background.scraper import EngineScraper
@@ -88,6 +92,7 @@ class SignalTasks:
     scraper: EngineScraper | None = None
     calibration: CalibrationPull | None = None
     models: ModelsScraper | None = None
+    peers: PeerQueues | None = None
     _running: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     def start(self) -> None:
@@ -98,6 +103,7 @@ class SignalTasks:
             ("scraper", self.scraper),
             ("calibration", self.calibration),
             ("models-scrape", self.models),
+            ("peer-queues", self.peers),
         ):
             if component is not None:
                 task = asyncio.create_task(component.run(), name=f"fastroute-{name}")
@@ -377,6 +383,14 @@ def install_signal_tasks(
         )
     if tasks.scraper is not None:
         attach_scraper(ctx, tasks.scraper)  # the marginal-cost engine load merges scrapes
+    if proxy.peers:
+        tasks.peers = PeerQueues(
+            proxy.peers,
+            lambda: (current_context() if current_context else ctx).fleet,
+            interval_s=proxy.peer_poll_interval_s,
+            admin_token=proxy.admin_token,
+        )
+        ctx.metrics.registry.register(PeerQueuesCollector(tasks.peers))
     if tasks.puller is not None or tasks.reporter is not None or tasks.scraper is not None:
         ctx.metrics.registry.register(_SignalCollector(tasks))
     return tasks

@@ -35,7 +35,7 @@ import collections
 import ssl
 from collections.abc import Callable, Iterable
 from typing import cast
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httptools
 from multidict import CIMultiDict
@@ -49,6 +49,7 @@ __all__ = [
     "HTTP1Error",
     "HostPool",
     "ProtocolError",
+    "pool_for_url",
     "Response",
     "ResponseTimeout",
 ]
@@ -855,3 +856,25 @@ class HostPool:
             idle.popleft().discard()
         if idle and not self._closed:
             self._sweeper = loop.call_at(idle[0].idle_since + self.keepalive_s, self._sweep)
+
+
+def pool_for_url(url: str, *, limit: int = 1) -> tuple[HostPool, str]:
+    """A :class:`HostPool` for the server of an ``http(s)://host[:port][/path]`` URL (TLS
+    with the default context for ``https``) and the URL's path.
+
+    Raises
+    ------
+    ValueError
+        Not an http(s) URL with a host.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or parts.hostname is None:
+        raise ValueError(f"expected http(s)://host[:port], got {url!r}")
+    tls = parts.scheme == "https"
+    pool = HostPool(
+        parts.hostname,
+        parts.port or (443 if tls else 80),
+        limit=limit,
+        ssl_context=ssl.create_default_context() if tls else None,
+    )
+    return pool, parts.path

@@ -65,9 +65,11 @@ class EngineStats:
         self._column = block.column(Counter.IN_FLIGHT) if block is not None else None
         self._token_column = block.column(Counter.IN_FLIGHT_TOKENS) if block is not None else None
         self._queued_column = block.column(Counter.QUEUED_TOKENS) if block is not None else None
+        self._peer_column = block.column(Counter.PEER_QUEUED_TOKENS) if block is not None else None
         self._local_in_flight = np.zeros(n, dtype=np.int64)
         self._local_tokens = np.zeros(n, dtype=np.int64)
         self._local_queued = np.zeros(n, dtype=np.int64)
+        self._local_peer = np.zeros(n, dtype=np.int64)
         self._local_requests = np.zeros(n, dtype=np.int64)
         self._local_failures = np.zeros(n, dtype=np.int64)
         self._local_ewma = np.full((n, len(Ewma)), np.nan)
@@ -114,8 +116,38 @@ class EngineStats:
 
     def queued_tokens(self) -> np.ndarray:
         """A fresh int64 copy of the queued prompt tokens (attempts in flight without a
-        first token yet) in fleet order, every worker's when shared."""
+        first token yet) in fleet order, every worker's when shared, and the other proxies'
+        when polled (:meth:`set_peer_queued`)."""
         return self._gather(self._queued_column, self._local_queued)
+
+    def own_queued_tokens(self) -> np.ndarray:
+        """:meth:`queued_tokens` without the other proxies' (what this host queued)."""
+        return self.queued_tokens() - self.peer_queued()
+
+    def peer_queued(self) -> np.ndarray:
+        """A fresh int64 copy of the prompt tokens the other proxies have queued per engine,
+        as this host's peer poller last wrote them (:meth:`set_peer_queued`)."""
+        return self._gather(self._peer_column, self._local_peer)
+
+    def set_peer_queued(self, tokens: np.ndarray) -> None:
+        """Replace the other proxies' queued prompt tokens (fleet order): each engine's
+        ``PEER_QUEUED_TOKENS`` and ``QUEUED_TOKENS`` move by the difference to the last
+        value, so that :meth:`queued_tokens`, which the request path reads, costs nothing
+        more. One writer per host (the peer poller holding the host's lock); the own
+        attempts' updates of ``QUEUED_TOKENS`` are atomic adds and commute with these."""
+        block = self.block
+        current = self.peer_queued()
+        for index in np.flatnonzero(current != tokens).tolist():
+            slot = self._slot_of[index]
+            if slot >= 0:
+                assert block is not None
+                delta = int(tokens[index]) - block.get(slot, Counter.PEER_QUEUED_TOKENS)
+                block.add(slot, Counter.PEER_QUEUED_TOKENS, delta)
+                block.add(slot, Counter.QUEUED_TOKENS, delta)
+            else:
+                delta = int(tokens[index]) - int(self._local_peer[index])
+                self._local_peer[index] += delta
+                self._local_queued[index] += delta
 
     def _gather(self, column: np.ndarray | None, local: np.ndarray) -> np.ndarray:
         """One counter in fleet order: the shared block's column where the engine has a

@@ -62,7 +62,8 @@ class RequestView:
     def queued_tokens(self) -> np.ndarray | None:
         """Prompt tokens per engine of the attempts in flight without a first token yet,
         every worker's when the block is shared: the prefill queued ahead of a new
-        request (:class:`~fastroute.proxy.path.fleet.QueuedPrefill`)."""
+        request (:class:`~fastroute.proxy.path.fleet.QueuedPrefill`), and the other
+        proxies' when ``proxy.peers`` names them (``EngineStats.set_peer_queued``)."""
         return self._fleet.stats.queued_tokens()
 
 

@@ -369,3 +369,47 @@ def test_killed_worker_is_restarted(h: Harness, spawn: Any, shm: Path) -> None:
                 squatter.unlink()
 
     h.run(main(), timeout=40.0)
+
+
+def test_one_worker_per_host_polls_the_peers_and_every_worker_sees_their_queue(
+    h: Harness, spawn: Any
+) -> None:
+    """``proxy.peers`` between two supervised proxies: one worker of A polls B (an flock
+    decides), and what B queued reaches A's shared counters, which all of A's workers read."""
+
+    async def main() -> None:
+        async with engines(2) as fleet:
+            b = spawn(config_toml(fleet.urls))
+            await wait_workers(h, b, 2)
+            b_stats = StatsBlock.attach(b.stats_name)
+            extra = f'[proxy]\npeers = ["{b.url}"]\npeer_poll_interval_s = 0.05\n'
+            a = spawn(config_toml(fleet.urls).replace("[proxy]\n", extra, 1))
+            await wait_workers(h, a, 2)
+            a_stats = StatsBlock.attach(a.stats_name)
+            try:
+                # B's request path queues 5000 prompt tokens on engine-1.
+                b_stats.add(b_stats.slot(engine_id("engine-1")), Counter.QUEUED_TOKENS, 5000)
+                slot = a_stats.slot(engine_id("engine-1"))
+                await h.wait_until(
+                    lambda: a_stats.get(slot, Counter.PEER_QUEUED_TOKENS) == 5000, timeout=10.0
+                )
+                assert a_stats.get(slot, Counter.QUEUED_TOKENS) == 5000  # what A decides on
+                async with fresh_session() as s:
+                    async with s.get(a.url + "/admin/queue") as r:  # A reports its own only
+                        assert await r.json() == {"engines": {}}
+                    active: dict[int, float] = {}
+
+                    async def both_workers_seen() -> bool:
+                        pid, value = await metric(s, a.url, "fastroute_proxy_peer_poller_active")
+                        active[pid] = value
+                        return len(active) == 2
+
+                    await h.wait_until(both_workers_seen, timeout=10.0, interval=0.02)
+                assert sorted(active.values()) == [0.0, 1.0], active
+                b_stats.add(b_stats.slot(engine_id("engine-1")), Counter.QUEUED_TOKENS, -5000)
+                await h.wait_until(lambda: a_stats.get(slot, Counter.QUEUED_TOKENS) == 0, 10.0)
+            finally:
+                a_stats.close()
+                b_stats.close()
+
+    h.run(main(), timeout=60.0)

@@ -82,6 +82,8 @@ def _config_toml(urls: list[str], table: str, controller_url: str = "") -> str:
         f'[proxy]\nport = 0\ntable_name = "{table}-proxy"\nstats_name = "{table}-stats"\n'
         f'controller_url = "{controller_url}"\nscrape_engines = true\n'
         "scrape_interval_s = 0.2\nscrape_timeout_s = 0.1\nreport_interval_s = 0.2\n"
+        # a peer that refuses every poll: the peer-poll families exist (with outcome failed)
+        'peers = ["http://127.0.0.1:9"]\npeer_poll_interval_s = 0.2\n'
     )
     return (
         engines_toml(urls, MODEL)

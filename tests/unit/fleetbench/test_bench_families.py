@@ -8,7 +8,7 @@ import pytest
 
 from fastroute.fleetbench.families import family_rate_rps
 from fastroute.fleetbench.runner import build_sessions, target_rps
-from fastroute.fleetbench.spec import BenchSpecError, load_spec
+from fastroute.fleetbench.spec import BenchSpec, BenchSpecError, load_spec
 from fastroute.sim.scenario import load_scenario
 from fastroute.workload.family_gen import family_sessions
 
@@ -89,12 +89,8 @@ def test_bench_capacity_of_a_family_is_the_simulators_saturation_capacity():
     )
 
 
-@pytest.mark.parametrize("family", ["agentic", "chat"])
-def test_a_sensitivity_spec_is_its_family_spec_with_other_routers(family: str) -> None:
-    """The affinity_slack sensitivity runs (docs/fleet-benchmark.md) send the family spec's
-    requests: everything but the name and the routers is the same."""
-    base = load_spec(SPECS / f"{family}-70.toml")
-    variant = load_spec(SPECS / "sensitivity" / f"affinity-slack-{family}-70.toml")
+def _assert_same_requests(base: BenchSpec, variant: BenchSpec) -> None:
+    """``variant`` sends ``base``'s requests to the same fleet: only name and routers differ."""
     assert build_sessions(variant) == build_sessions(base)
     assert (variant.fleet, variant.load, variant.seed, variant.slo) == (
         base.fleet,
@@ -102,4 +98,29 @@ def test_a_sensitivity_spec_is_its_family_spec_with_other_routers(family: str) -
         base.seed,
         base.slo,
     )
+
+
+@pytest.mark.parametrize("family", ["agentic", "chat"])
+def test_a_sensitivity_spec_is_its_family_spec_with_other_routers(family: str) -> None:
+    """The affinity_slack sensitivity runs (docs/fleet-benchmark.md) send the family spec's
+    requests: everything but the name and the routers is the same."""
+    base = load_spec(SPECS / f"{family}-70.toml")
+    variant = load_spec(SPECS / "sensitivity" / f"affinity-slack-{family}-70.toml")
+    _assert_same_requests(base, variant)
     assert variant.routers == ("s0", "s1", "pb_s0", "pb_s1")
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["prefix-tree-90", "long-tail-90", "mooncake-90", "bursts-70", "long-tail-70", "mooncake-70"],
+)
+def test_a_peers_spec_is_its_family_spec_with_and_without_peer_polls(family: str) -> None:
+    """The several-proxies runs (docs/fleet-benchmark.md "Several proxies") send the family
+    spec's requests to the default at 1 x 1 and 4 x 2, with and without proxy.peers."""
+    base = load_spec(SPECS / f"{family}.toml")
+    variant = load_spec(SPECS / "sensitivity" / f"peers-{family}.toml")
+    _assert_same_requests(base, variant)
+    assert variant.routers == ("fastroute", "default-4x2", "default-4x2-alone")
+    shared, alone = (variant.fastroute_variants[n] for n in variant.routers[1:])
+    assert (shared.workers, shared.proxies, shared.peers) == (4, 2, True)
+    assert (alone.workers, alone.proxies, alone.peers) == (4, 2, False)

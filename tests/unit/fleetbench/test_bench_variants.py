@@ -132,6 +132,16 @@ def test_a_variant_sets_workers_and_proxies_within_bounds() -> None:
         table_name="fastroute-test-w", controller_port=8090,
     )  # fmt: skip
     assert decode_config(text, source="test").proxy.workers == 4
+    assert decode_config(text, source="test").proxy.peers == ()
+    assert plan.peers  # several proxies poll each other unless the variant says not
+    peers = ("http://127.0.0.1:8081",)
+    text = render_config(
+        FLEET, engines, ProxySettings("local", 8080, "fastroute-test-stats", peers=peers),
+        table_name="fastroute-test-w", controller_port=8090,
+    )  # fmt: skip
+    assert decode_config(text, source="test").proxy.peers == peers
+    alone = FastrouteVariant(policy="prefix-hrw", proxies=2, peers=False)
+    assert not resolve_router("alone", {}, {"alone": alone}).peers
     for bad in ({"workers": 0}, {"workers": 17}, {"proxies": 0}, {"proxies": 9}):
         with pytest.raises(msgspec.ValidationError):
             msgspec.convert({"policy": "prefix-hrw", **bad}, FastrouteVariant)

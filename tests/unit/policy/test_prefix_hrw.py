@@ -249,6 +249,22 @@ def test_the_load_is_the_queued_prefill_when_the_view_tracks_it() -> None:
     assert policy.choose(_request(prefix, tokens=150), view).chosen != home
 
 
+def test_the_other_proxies_queue_counts_like_the_own() -> None:
+    """``peer_queued`` (what the other proxies queued, polled) adds to the own queue: a
+    home another proxy has loaded is as loaded as one this proxy loaded."""
+    view, policy = _queued_view(), PrefixHRW(balance_factor=1.0)
+    prefix = _text(24, 600)
+    home = policy.choose(_request(prefix, tokens=150), view).chosen
+    view.queued_loads[:] = 10
+    view.peer_queued = np.zeros(4, dtype=np.int64)
+    view.peer_queued[home] = 10**6
+    assert view.queued_tokens()[home] == 10**6 + 10
+    assert view.queued_loads[home] == 10  # the own count is not changed
+    assert policy.choose(_request(prefix, tokens=150), view).chosen != home
+    view.peer_queued[home] = 0
+    assert policy.choose(_request(prefix, tokens=150), view).chosen == home
+
+
 def test_the_cost_spill_weighs_the_homes_extra_queue_against_the_cached_prefix() -> None:
     """The saving is the deepest depth of the request the seen table holds: after one
     request, all four of its depths (4096 bytes, 1024 tokens), where the share table

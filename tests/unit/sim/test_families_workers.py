@@ -86,6 +86,48 @@ def test_workers_of_a_proxy_share_in_flight_counts_and_proxies_do_not():
     assert proxies[0][0].loads is not proxies[1][0].loads
 
 
+def test_proxies_that_poll_each_other_see_the_others_queued_prompt_tokens():
+    long_prompts = {"kind": "long-tail", "rate_rps": 1.5}
+    sc = family_scenario(
+        long_prompts, dataplane={"workers": 2, "proxies": 2, "peer_poll_interval_s": 0.25}
+    )
+    sim = Simulator(sc, policy="prefix-hrw", seed=1)
+    (proxies,) = sim.proxies_by_region.values()
+    a, b = proxies[0][0], proxies[1][0]
+    assert a.proxy.peer_queued is not None and a.view.peer_queued is a.proxy.peer_queued
+    # A poll copies the other proxy's queue as it is now; the view adds it to the own.
+    b.queued_loads[:] = [0, 7000, 0, 0]
+    a.queued_loads[:] = [100, 0, 0, 0]
+    a.proxy.polled([b.proxy])
+    assert a.view.queued_tokens().tolist() == [100, 7000, 0, 0]
+    assert a.queued_loads.tolist() == [100, 0, 0, 0]  # the own count is untouched
+    b.queued_loads[:] = 0  # b's prefill ends: a holds the old figure until its next poll
+    assert a.view.queued_tokens().tolist() == [100, 7000, 0, 0]
+    a.proxy.polled([b.proxy])
+    assert a.view.queued_tokens().tolist() == [100, 0, 0, 0]
+    a.queued_loads[:] = 0
+
+    seen = []
+    poll = sim._on_poll
+
+    def record(t, proxy):
+        poll(t, proxy)
+        seen.append((t, int(proxy.peer_queued.sum())))
+
+    sim._on_poll = record
+    result = sim.run()
+    assert sum(r.outcome == "ok" for r in result.records) > 20
+    # Each proxy polls every 0.25 s through the run, and sometimes finds a queue.
+    assert len(seen) >= 2 * (sc.duration_s + sc.drain_s) / 0.25 * 0.9
+    assert any(tokens > 0 for _, tokens in seen)
+
+
+def test_proxies_without_peer_polls_see_their_own_queue_only():
+    sim, _ = run("prefix-hrw", 1, 2, family={"kind": "hot-prompt", "rate_rps": 2.0})
+    assert all(dp.proxy.peer_queued is None for dp in sim.dataplanes)
+    assert all(dp.view.peer_queued is None for dp in sim.dataplanes)
+
+
 def test_worker_assignment_is_seeded_and_deterministic():
     _, a = run("cache-aware", 4, 2, seed=3)
     _, b = run("cache-aware", 4, 2, seed=3)
@@ -127,6 +169,7 @@ def test_target_load_sets_the_familys_rate_from_capacity():
     [
         ({"dataplane": {"workers": 0}}, "workers >= 1"),
         ({"dataplane": {"proxies": 0}}, "proxies >= 1"),
+        ({"dataplane": {"peer_poll_interval_s": -1}}, "peer_poll_interval_s must be >= 0"),
         ({"family": {"kind": "rag", "model": "llama-3-8b"}}, "served by no engine"),
         ({"trace": {"path": "x.csv"}}, "[family] excludes"),
         ({"family": {"kind": "rag", "documents": -1}}, "documents must be >= 1"),
@@ -178,3 +221,21 @@ def test_policy_matrix_quick_mode_on_a_tiny_case(tmp_path, capsys):
     assert "## hot-prompt" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         matrix.main(["--quick", "--policies", "no-such-policy", "--out", str(tmp_path)])
+
+
+def test_policy_matrix_configs_and_settings(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "policy_matrix", REPO / "bench" / "policy_matrix.py"
+    )
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    argv = ["--quick", "--families", "hot-prompt", "--routers", "round-robin"]
+    args = matrix.parse_args(
+        [*argv, "--configs", "8x1", "--set", "dataplane.peer_poll_interval_s=1", "--out", "x"]
+    )
+    (cell,) = matrix.build_cells(args)
+    assert (cell["workers"], cell["proxies"]) == (8, 1)
+    assert cell["settings"]["dataplane.peer_poll_interval_s"] == 1
+    assert cell["label"] == "round-robin dataplane.peer_poll_interval_s=1"
+    with pytest.raises(SystemExit):
+        matrix.parse_args([*argv, "--set", "no-equals-sign"])

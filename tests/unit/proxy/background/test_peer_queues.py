@@ -1,0 +1,142 @@
+"""The peer-queue poller against stub peers: sums, names it does not know, bad answers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+from aiohttp import web
+
+from fastroute.config import decode_config
+from fastroute.proxy.background.peer_queues import MAX_ANSWER_BYTES, PeerQueues
+from fastroute.proxy.path.fleet import Fleet
+from fastroute.tables.stats import StatsBlock
+from fastroute.testing.servers import serve_app
+
+
+def _fleet(block: StatsBlock | None = None) -> Fleet:
+    toml = "".join(
+        f'[[engines]]\nname = "e{i}"\nurl = "http://127.0.0.1:{i + 1}"\nmodels = ["m"]\n'
+        for i in range(3)
+    )
+    toml += '[proxy]\npeers = ["http://127.0.0.1:9"]\n'
+    return Fleet(decode_config(toml, source="t.toml"), stats_block=block)
+
+
+def _ids(fleet: Fleet) -> list[int]:
+    return [int(i) for i in fleet.engine_ids]
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _serve(stack: contextlib.AsyncExitStack, handlers: list[Handler]) -> list[str]:
+    """Serve each handler as ``GET /admin/queue`` of its own stub peer; their URLs."""
+    urls = []
+    for handler in handlers:
+        app = web.Application()
+        app.router.add_get("/admin/queue", handler)
+        urls.append(await stack.enter_async_context(serve_app(app)))
+    return urls
+
+
+def _answer(engines: dict[str, int]) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        assert request.headers.get("Authorization") == "Bearer " + "k" * 16
+        return web.json_response({"engines": engines})
+
+    return handler
+
+
+def test_the_peers_answers_are_summed_per_engine_and_bad_ones_count_as_none() -> None:
+    async def main() -> None:
+        async def broken(_: web.Request) -> web.StreamResponse:
+            return web.Response(status=500, text="no")
+
+        async def garbage(_: web.Request) -> web.StreamResponse:
+            return web.Response(body=b'{"engines": [1, 2]}', content_type="application/json")
+
+        async def huge(_: web.Request) -> web.StreamResponse:
+            return web.Response(body=b" " * (MAX_ANSWER_BYTES + 10))
+
+        async def slow(_: web.Request) -> web.StreamResponse:
+            await asyncio.sleep(1.0)
+            return web.json_response({"engines": {"e0": 1}})
+
+        handlers = [
+            _answer({"e0": 100, "e2": 7, "elsewhere": 5000, "e1": -4}),
+            _answer({"e0": 50}),
+            broken,
+            garbage,
+            huge,
+            slow,
+        ]
+        stack = contextlib.AsyncExitStack()
+        urls = await _serve(stack, handlers)
+        fleet = _fleet()
+        poller = PeerQueues(urls, lambda: fleet, interval_s=0.2, admin_token="k" * 16)
+        try:
+            assert fleet.stats.peer_queued().tolist() == [0, 0, 0]
+            await poller.poll_once()
+            # Names the fleet lacks and negative counts are ignored.
+            assert fleet.stats.peer_queued().tolist() == [150, 0, 7]
+            # The request path reads them with this host's own queue (none here).
+            assert fleet.stats.queued_tokens().tolist() == [150, 0, 7]
+            assert fleet.stats.own_queued_tokens().tolist() == [0, 0, 0]
+            assert poller.queued_tokens_total() == 157 and poller.active
+            assert [p.ok_total for p in poller.peers] == [1, 1, 0, 0, 0, 0]
+            assert [p.failed_total for p in poller.peers] == [0, 0, 1, 1, 1, 1]
+            assert "HTTP 500" in (poller.peers[2].last_error or "")
+            assert "larger than" in (poller.peers[4].last_error or "")
+            assert "Timeout" in (poller.peers[5].last_error or "")
+            # A reload's new fleet gets the next round's figures.
+            reloaded = _fleet()
+            poller.fleet = lambda: reloaded
+            await poller.poll_once()
+            assert reloaded.stats.peer_queued().tolist() == [150, 0, 7]
+            assert poller.rounds_total == 2
+        finally:
+            poller.release()
+            await stack.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 20.0))
+
+
+def test_one_worker_per_host_polls_and_every_worker_reads_its_figures(shm_name: str) -> None:
+    async def main() -> None:
+        stack = contextlib.AsyncExitStack()
+        urls = await _serve(stack, [_answer({"e1": 300})])
+        block = StatsBlock.create(shm_name, _ids(_fleet()))
+        workers = [_fleet(StatsBlock.attach(shm_name)) for _ in range(3)]
+        pollers = [
+            PeerQueues(urls, lambda f=f: f, interval_s=0.2, admin_token="k" * 16) for f in workers
+        ]
+        try:
+            for poller in pollers:
+                await poller.poll_once()
+            assert [p.active for p in pollers] == [True, False, False]
+            assert [p.rounds_total for p in pollers] == [1, 0, 0]
+            assert [f.stats.peer_queued().tolist() for f in workers] == [[0, 300, 0]] * 3
+            view = workers[2].view(np.ones(3, dtype=bool))
+            workers[2].stats.add_queued(1, 20)  # this host's own queue adds to the peers'
+            assert view.queued_tokens().tolist() == [0, 320, 0]
+            assert workers[0].stats.own_queued_tokens().tolist() == [0, 20, 0]
+            # The poller goes away (its worker exits): the peers' figures leave the host's
+            # counts until the next worker to try takes over.
+            pollers[0].release()
+            assert workers[1].stats.queued_tokens().tolist() == [0, 20, 0]
+            await pollers[1].poll_once()
+            assert [p.active for p in pollers] == [False, True, False]
+            assert workers[0].stats.peer_queued().tolist() == [0, 300, 0]
+        finally:
+            for poller in pollers:
+                poller.release()
+            await stack.aclose()
+            for f in workers:
+                assert f.stats.block is not None
+                f.stats.block.close()
+            block.close()
+
+    asyncio.run(asyncio.wait_for(main(), 20.0))
