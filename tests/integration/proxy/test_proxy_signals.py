@@ -173,9 +173,13 @@ def test_puller_long_polls_and_mirrors_the_served_table(h: Harness, shm_name: st
                 second = _snap(7, [[3.0, 0.0, 1.0]], shed_fraction=[0.25], retry_ratio=0.05)
                 t0 = time.monotonic()
                 stub.publish(second)
-                await wait_until(lambda: _equal(_local(shm_name), second))
+                # The table is written in a thread and the generation recorded after it
+                # returns: wait for both (the table alone raced the attribute under load).
+                await wait_until(
+                    lambda: _equal(_local(shm_name), second) and puller.controller_generation == 7
+                )
                 assert time.monotonic() - t0 < 1.0  # woken by the long-poll, not a poll period
-                assert puller.controller_generation == 7 and puller.active
+                assert puller.active
                 assert [after for _, after in stub.polls[:3]] == [0, 1, 7][: len(stub.polls[:3])]
             assert len(stub.polls) <= 5, stub.polls
             assert puller.errors_total == {}
