@@ -4,7 +4,7 @@
     python bench/policy_matrix.py                         # the full matrix
     python bench/policy_matrix.py --policies my-policy    # add a policy to the default four
     python bench/policy_matrix.py --families rag,chat --routers cache-aware --out out/m
-    python bench/policy_matrix.py --configs 4x2 --set dataplane.scrape_interval_s=1
+    python bench/policy_matrix.py --configs 4x2 --set dataplane.peer_poll_interval_s=1
 
 Every cell is one simulator run of ``examples/scenarios/families/<family>.toml`` with its
 ``target_load``, ``dataplane.workers`` and ``dataplane.proxies`` set, the policy and the
@@ -221,7 +221,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         help="scenario setting KEY=VALUE for every run (repeatable), e.g. "
-        "dataplane.scrape_interval_s=1; the results label the policy with it",
+        "dataplane.peer_poll_interval_s=1; the results label the policy with it",
     )
     ap.add_argument("--out", type=Path, default=REPO / "out" / "policy-matrix")
     args = ap.parse_args(argv)

@@ -836,8 +836,8 @@ class ProxyConfig(_Section):
         Empty (the default): each proxy sees its own host's queue only. At most 64.
     peer_poll_interval_s : float
         Period of the peer polls, seconds; default 0.25 (a prompt queues for about one
-        prefill: at a 1 s period the simulator kept half of what the exchange is worth,
-        at 0.25 s nearly all; docs/fleet-benchmark.md "Several proxies"). A poll that has
+        prefill: in the simulator a 1 s period kept about 60 % of what 0.25 s recovers,
+        0.1 s another 0.5 %; docs/fleet-benchmark.md "Several proxies"). A poll that has
         not answered within 0.8 of the period counts that peer as 0 for the round.
     proxy_count : int
         Proxies (hosts) that share the tenants' fleet-wide limits when no controller

@@ -27,6 +27,7 @@ __all__ = [
     "close_mapping",
     "open_existing",
     "WriterLock",
+    "lock_path",
     "validate_name",
 ]
 
@@ -83,6 +84,11 @@ def open_existing(path: Path, *, writable: bool) -> int:
         ) from None
 
 
+def lock_path(path: Path) -> Path:
+    """The lock file of :class:`WriterLock` ``(path)``: ``<path>.lock``."""
+    return path.with_name(path.name + ".lock")
+
+
 class WriterLock:
     """Exclusive, crash-safe ownership of a segment name by one writer process.
 
@@ -91,7 +97,7 @@ class WriterLock:
     """
 
     def __init__(self, path: Path) -> None:
-        self.path = path.with_name(path.name + ".lock")
+        self.path = lock_path(path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

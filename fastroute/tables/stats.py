@@ -37,6 +37,7 @@ from fastroute.tables.layout import (
 from fastroute.tables.segment import (
     WriterLock,
     close_mapping,
+    lock_path,
     map_segment,
     open_existing,
     segment_path,
@@ -203,8 +204,7 @@ class StatsBlock:
             self.path.unlink()
         except FileNotFoundError:
             pass
-        poller = self.peer_poller_path
-        poller.with_name(poller.name + ".lock").unlink(missing_ok=True)
+        lock_path(self.peer_poller_path).unlink(missing_ok=True)
         lock, self._lock = self._lock, None
         self.close()
         lock.release(unlink=True)

@@ -27,8 +27,8 @@ proxy queues nothing; its last numbers would only grow stale), and is logged onc
 distinct error.
 
 Cost: ``peers / interval`` small GETs per host and as many answered (1 peer at 0.25 s: 4
-each way per second, about 0.5 ms of CPU per second), each answer listing only the engines
-with a queue; nothing on the request path (the queued-token counter it reads already holds the sum).
+each way per second), each answer listing only the engines with a queue; nothing on the
+request path (the queued-token counter it reads already holds the sum).
 
 Exported on ``/metrics``:
 
@@ -165,8 +165,7 @@ class PeerQueues:
         self.active = False
         for peer in self.peers:
             if peer.pool is not None:
-                with contextlib.suppress(Exception):
-                    peer.pool.close()
+                peer.pool.close()
                 peer.pool = None
 
     def queued_tokens_total(self) -> int:
