@@ -14,7 +14,13 @@ with random in-flight token loads. Four prompt shapes:
 Run::
 
     .venv/bin/python bench/bench_prefix_pick.py [--engines 100 1000 10000] [--calls 2000]
-        [--shapes unique hot hot-overload idle]
+        [--shapes unique hot hot-overload idle] [--workers 4]
+
+``--workers W`` (default 4; 1 leaves the column out) also times the policy with the host's
+key log attached, as a worker of ``W`` reads it: before each round the other ``W - 1``
+workers' entries for the round's requests are published (untimed), so that each of the
+round's decisions drains ``W - 1`` entries on average into the tables and publishes its
+own (the drain and publish are the log's whole request-path cost).
 
 Reports the minimum and median over rounds of the mean µs per call (scheduling noise
 only adds time, so the minimum is the cost; the median shows the noise), the minimum CPU
@@ -32,6 +38,7 @@ import numpy as np
 
 from fastroute.hashing import engine_id
 from fastroute.policy import RouteRequest, StaticFleetView, make_policy
+from fastroute.policy.prefix_hrw import private_key_log
 
 PROMPT_BYTES = 16 * 1024
 SHAPES = ("unique", "hot", "hot-overload", "idle")
@@ -79,6 +86,23 @@ def _time(policy, view, requests, rounds: int, cpu: list[float] | None = None) -
     return means
 
 
+def _time_shared(policy, view, requests, rounds: int, workers: int) -> list[float]:
+    """As :func:`_time`, ``policy`` reading a key log the other ``workers - 1`` filled."""
+    others = [make_policy("prefix-hrw") for _ in range(workers - 1)]
+    capacity = 1 << max(4, ((workers - 1) * len(requests)).bit_length())
+    log = private_key_log(capacity)
+    policy.attach_key_log(log, 0, 0)
+    writers = [other.attach_key_log(log, w + 1, 0) for w, other in enumerate(others)]
+    keys = [[key for _, key in policy.keys(r)] for r in requests]
+    means = []
+    for _ in range(rounds):
+        for writer in writers:
+            for request_keys in keys:
+                writer.publish(request_keys, 2)
+        means += _time(policy, view, requests, 1)
+    return means
+
+
 def _overload(view: StaticFleetView, policy, requests) -> None:
     """Put every candidate home of the requests over its bound."""
     for request in requests[:256]:
@@ -92,12 +116,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args()
+    shared = f" with a {args.workers}-worker key log min µs |" if args.workers > 1 else ""
     print(
         "| engines | prompts | prefix-hrw min / median µs | prefix-hrw CPU µs "
-        "| weighted-hrw min µs | ratio (min) |"
+        f"| weighted-hrw min µs | ratio (min) |{shared}"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|" + ("---|" if shared else ""))
     for n in args.engines:
         for shape in args.shapes:
             rng = np.random.default_rng(1)
@@ -113,9 +139,14 @@ def main() -> None:
             cpu: list[float] = []
             ours = _time(policy, view, requests, args.rounds, cpu)
             base = _time(make_policy("weighted-hrw"), view, requests, args.rounds)
+            cell = ""
+            if shared:
+                cell = (
+                    f" {min(_time_shared(policy, view, requests, args.rounds, args.workers)):.1f} |"
+                )
             print(
                 f"| {n} | {shape} | {min(ours):.1f} / {statistics.median(ours):.1f} | "
-                f"{min(cpu):.1f} | {min(base):.1f} | {min(ours) / min(base):.1f}× |"
+                f"{min(cpu):.1f} | {min(base):.1f} | {min(ours) / min(base):.1f}× |{cell}"
             )
 
 

@@ -1,18 +1,27 @@
-"""Which of prefix-hrw's per-worker tables costs a family at several workers (simulator).
+"""What sharing prefix-hrw's learned tables between workers buys (simulator).
 
-    FASTROUTE_NO_EXTENSIONS=1 python bench/shared_tables.py                  # bursts, 4 seeds
-    FASTROUTE_NO_EXTENSIONS=1 python bench/shared_tables.py --family rag --loads 0.9
+    python bench/shared_tables.py                                  # bursts, 8 x 1, 4 seeds
+    python bench/shared_tables.py --family prefix-tree --workers 4 --modes apart,log
+    python bench/shared_tables.py --workers 4 --proxies 2 --modes log,fleet-log
+    FASTROUTE_NO_EXTENSIONS=1 python bench/shared_tables.py --modes apart,seen,hot,both
 
 Every worker of a proxy keeps its own ``prefix-hrw`` state: the seen table (the cost
-spill's saving) and the share table (hot groups). With ``W`` workers each sees ``1/W`` of
-the traffic. This runs the family at ``--workers`` workers × 1 proxy (one shared load view,
-so only the policy state differs from 1 × 1) with the workers' tables kept apart
-(``none``), or one seen table, one share table or both shared by all of them, and prints
-goodput (req/s meeting both SLOs, mean over seeds) per load and mode. Sharing replaces the
-tables of the pure-Python twin (``fastroute._core.prefix_py``; the compiled ones are
-read-only), hence ``FASTROUTE_NO_EXTENSIONS=1``; its decisions are the compiled core's
-(the parity tests), so ``none`` matches ``bench/policy_matrix.py --configs 8x1``.
-docs/fleet-benchmark.md, "Several proxies", quotes its output for ``bursts``.
+spill's saving) and the share table (hot groups). This runs a family at ``--workers`` ×
+``--proxies`` with that state fed in one of these ways, and prints goodput (req/s meeting
+both SLOs, mean over seeds) per load and mode:
+
+``apart``      each worker learns from its own requests (``dataplane.key_log_entries = 0``);
+``log``        the workers of a proxy share the host's key log (the default);
+``fleet-log``  one key log for every worker of every proxy (an upper bound on sharing
+               across proxies, which the proxy does not do);
+``seen``, ``hot``, ``both``  the workers' tables apart, but one seen table, one share
+               table or both the same objects for all of them (the diagnosis before the
+               key log existed). These replace the tables of the pure-Python twin
+               (``fastroute._core.prefix_py``; the compiled ones are read-only), hence
+               ``FASTROUTE_NO_EXTENSIONS=1``; its decisions are the compiled core's (the
+               parity tests).
+
+docs/fleet-benchmark.md, "Several workers" and "Several proxies", quotes its output.
 """
 
 from __future__ import annotations
@@ -23,24 +32,40 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODES = ("none", "seen", "hot", "both")
+MODES = ("apart", "log", "fleet-log", "seen", "hot", "both")
+TWIN_MODES = ("seen", "hot", "both")
+#: Writer ids of the fleet-wide log, clear of the dataplane indices of the proxies' own.
+_FLEET_WRITER_BASE = 1 << 20
 
 
-def run_mode(family: str, load: float, seed: int, workers: int, mode: str) -> float:
-    """Goodput (req/s) of one simulator run with the workers' tables shared per ``mode``."""
+def run_mode(
+    family: str, load: float, seed: int, workers: int, mode: str, proxies: int = 1
+) -> float:
+    """Goodput (req/s) of one simulator run with the workers' tables fed per ``mode``."""
+    from fastroute.policy.prefix_hrw import private_key_log
     from fastroute.sim import Simulator, summarize
     from fastroute.sim.scenario import load_scenario
 
-    settings = {"target_load": load, "dataplane.workers": workers, "dataplane.proxies": 1}
+    settings = {
+        "target_load": load,
+        "dataplane.workers": workers,
+        "dataplane.proxies": proxies,
+        "dataplane.key_log_entries": 4096 if mode in ("log", "fleet-log") else 0,
+    }
     scenario = load_scenario(REPO / "examples/scenarios/families" / f"{family}.toml", settings)
     sim = Simulator(scenario, policy="prefix-hrw", seed=seed)
-    first = sim.dataplanes[0].policy._picker  # type: ignore[attr-defined]
-    for dp in sim.dataplanes[1:]:
-        picker = dp.policy._picker  # type: ignore[attr-defined]
-        if mode in ("seen", "both"):
-            picker.seen = first.seen
-        if mode in ("hot", "both"):
-            picker.hot = first.hot
+    if mode == "fleet-log":
+        log = private_key_log(4096)
+        for dp in sim.dataplanes:  # replaces the proxy's own log
+            dp.policy.attach_key_log(log, _FLEET_WRITER_BASE + dp.index, 0)
+    elif mode in TWIN_MODES:
+        first = sim.dataplanes[0].policy._picker  # type: ignore[attr-defined]
+        for dp in sim.dataplanes[1:]:
+            picker = dp.policy._picker  # type: ignore[attr-defined]
+            if mode in ("seen", "both"):
+                picker.seen = first.seen
+            if mode in ("hot", "both"):
+                picker.hot = first.hot
     result = sim.run()
     window_s = scenario.duration_s - scenario.warmup_s
     overall = summarize(result.records, slo=scenario.slo, duration_s=window_s)["overall"]
@@ -48,7 +73,7 @@ def run_mode(family: str, load: float, seed: int, workers: int, mode: str) -> fl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run every load × mode × seed and print the table; 2 without the pure-Python core."""
+    """Run every load × mode × seed and print the table; 2 when a twin mode lacks the twin."""
     from fastroute._env import NO_EXTENSIONS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -56,22 +81,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.7, 0.9])
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
+    ap.add_argument("--proxies", type=int, default=1)
+    ap.add_argument("--modes", type=lambda s: s.split(","), default=["apart", "log"])
     args = ap.parse_args(argv)
-    if not NO_EXTENSIONS:
-        print("set FASTROUTE_NO_EXTENSIONS=1: the compiled tables are read-only", file=sys.stderr)
-        return 2
     bad = [m for m in args.modes if m not in MODES]
-    if bad or args.seeds < 1 or args.workers < 2:
-        ap.error(f"modes from {MODES} (got {bad}), --seeds >= 1, --workers >= 2")
+    if bad or args.seeds < 1 or args.workers * args.proxies < 2 or args.proxies < 1:
+        ap.error(f"modes from {MODES} (got {bad}), --seeds >= 1, 2 or more workers in all")
+    if not NO_EXTENSIONS and any(m in TWIN_MODES for m in args.modes):
+        print(
+            f"set FASTROUTE_NO_EXTENSIONS=1 for {TWIN_MODES}: the compiled tables are read-only",
+            file=sys.stderr,
+        )
+        return 2
     loads = " | ".join(f"load {x:g}" for x in args.loads)
-    print(f"| {args.family}, {args.workers} × 1 | {loads} |")
+    print(f"| {args.family}, {args.workers} × {args.proxies} | {loads} |")
     print("|---" * (len(args.loads) + 1) + "|")
     for mode in args.modes:
         cells = []
         for load in args.loads:
             seeds = range(1, args.seeds + 1)
-            runs = [run_mode(args.family, load, s, args.workers, mode) for s in seeds]
+            runs = [run_mode(args.family, load, s, args.workers, mode, args.proxies) for s in seeds]
             cells.append(f"{sum(runs) / len(runs):.3f}")
         print(f"| {mode} | " + " | ".join(cells) + " |")
     return 0

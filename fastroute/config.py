@@ -775,6 +775,15 @@ class ProxyConfig(_Section):
         24 bytes each, a multiple of 8): a Responses follow-up (``previous_response_id``,
         ``GET /v1/responses/{id}``) goes to the engine that stored the response. When
         full, the oldest entries of a bucket are overwritten.
+    key_log_entries : int
+        Entries of the host's key log (``{stats_name}.keys``, 528 bytes each; 0 or a power
+        of two from 16 to 1,048,576; default 4096, about 2.2 MB): the prefix keys each
+        worker routes, read by the others, so that every worker's ``prefix-hrw`` tables
+        (hot groups, seen prefixes) count the host's traffic, not a ``1/workers`` sample of
+        it (:mod:`fastroute.tables.key_log`). A worker more than this many of the host's
+        requests behind skips the oldest, and a worker that starts or reloads replays
+        that many; 4096 is four of the tables' 1024-request half-lives, beyond which an
+        entry counts less than 1/16. 0: each worker counts its own requests only.
     controller_url : str, optional
         ``http://host:port`` of a controller on another host: the proxy pulls weight
         snapshots from it and reports to it. Unset means the controller shares this
@@ -859,6 +868,7 @@ class ProxyConfig(_Section):
     table_name: SegmentName = "fastroute-weights"
     stats_name: SegmentName = "fastroute-stats"
     response_map_capacity: Annotated[int, msgspec.Meta(ge=8, le=1 << 24, multiple_of=8)] = 65536
+    key_log_entries: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 4096
     controller_url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)] | None = None
     controller_fallback_urls: Annotated[
         tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=2048)], ...],
@@ -887,6 +897,12 @@ class ProxyConfig(_Section):
     proxy_count: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
 
     def __post_init__(self) -> None:
+        entries = self.key_log_entries
+        if entries and (entries < 16 or entries & (entries - 1)):
+            raise ValueError(
+                f"proxy.key_log_entries must be 0 or a power of two from 16 to 1048576, "
+                f"got {entries}"
+            )
         for url in self.etcd_urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"proxy.etcd_urls: {url!r} must start with http://")

@@ -20,6 +20,23 @@ class HotKeys:
     def is_hot(self, key: int, enter_share: float, leave_share: float) -> bool: ...
     def reset(self) -> None: ...
 
+class KeyLog:
+    """One reader and writer of the host's key log (compiled; spec ``keylog_py``)."""
+
+    capacity: int
+    writer_id: int
+    channel: int
+    lost: int
+    observed: int
+    def __init__(
+        self, buffer: Any, writer_id: int, channel: int, lock_fd: int | None = None
+    ) -> None: ...
+    @property
+    def position(self) -> int: ...
+    def publish(self, keys: Sequence[int], n_observe: int) -> None: ...
+    def drain(self, hot: HotKeys, seen: HotKeys) -> int: ...
+    def release(self) -> None: ...
+
 class PrefixPicker:
     """The per-request work of ``prefix-hrw`` (compiled)."""
 
@@ -32,6 +49,7 @@ class PrefixPicker:
     bytes_per_token: float
     hot: HotKeys
     seen: HotKeys
+    log: KeyLog | None
     def __init__(
         self,
         block_bytes: int,
@@ -48,5 +66,6 @@ class PrefixPicker:
     def choose(
         self, selector: Selector, request: Any, available: np.ndarray | None, loads: Any, k: int
     ) -> tuple[list[int], str, int]: ...
+    def attach_log(self, log: KeyLog | None) -> None: ...
     def on_routed(self, request: Any) -> None: ...
     def reset(self) -> None: ...

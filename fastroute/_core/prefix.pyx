@@ -6,15 +6,29 @@ from cpython.buffer cimport PyBUF_READ
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.math cimport pow
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, qsort
 from libc.string cimport memcpy
 
 from fastroute._core.mix cimport mix64
+
+cdef extern from "atomics.h" nogil:
+    uint64_t fr_load_acquire_u64(const void *p)
+    void fr_store_release_u64(void *p, uint64_t v)
+    int64_t fr_add_fetch_i64(void *p, int64_t delta)
+    void fr_fence()
 from fastroute._core.selector cimport Selector, TreeState, _as_loads, _as_mask
+from fastroute._core.shm cimport AtomicBuffer
 
 import xxhash
 
+from fastroute._core.keylog_py import (
+    ENTRY_WORDS,
+    HEADER_WORDS,
+    KEY_LOG_MAGIC,
+    KEY_LOG_VERSION,
+    MAX_CHANNEL,
+)
 from fastroute._core.prefix_py import (
     DEFAULT_MAX_KEYS,
     HOT_LEAVE_RATIO,
@@ -23,7 +37,7 @@ from fastroute._core.prefix_py import (
     depth_keys,
 )
 
-__all__ = ["HotKeys", "PrefixPicker", "depth_keys"]
+__all__ = ["HotKeys", "KeyLog", "PrefixPicker", "depth_keys"]
 
 cdef enum:
     _KEYS_CAP = 64          # == MAX_DEPTH_KEYS (checked at import)
@@ -31,7 +45,8 @@ cdef enum:
     _SMALL_K = 8            # rankings up to this length need no allocation
     _INITIAL_SLOTS = 256    # the share table starts here and doubles
 
-if MAX_DEPTH_KEYS != _KEYS_CAP or MAX_CANDIDATES + 1 != _CANDIDATES_CAP:
+if (MAX_DEPTH_KEYS != _KEYS_CAP or MAX_CANDIDATES + 1 != _CANDIDATES_CAP
+        or ENTRY_WORDS != 2 + _KEYS_CAP):
     raise ImportError("fastroute._core.prefix was built against other prefix_py limits")
 
 cdef object _xxh3 = xxhash.xxh3_64_intdigest
@@ -210,6 +225,132 @@ cdef class HotKeys:
         self._rehash(_INITIAL_SLOTS, 1 << 62)
 
 
+cdef enum:
+    _HEADER_WORDS = 8       # == keylog_py.HEADER_WORDS (checked at import)
+    _HEAD_WORD = 4          # head: entries reserved so far
+
+if HEADER_WORDS != _HEADER_WORDS:
+    raise ImportError("fastroute._core.prefix was built against another key log layout")
+
+cdef uint64_t _key_log_magic = KEY_LOG_MAGIC
+cdef uint64_t _key_log_version = KEY_LOG_VERSION
+cdef uint64_t _mask32 = 0xFFFFFFFF
+
+
+@cython.final
+cdef class KeyLog:
+    """One reader and writer of the host's key log (compiled); same API, layout and
+    observations as ``fastroute._core.keylog_py.KeyLog``, its spec. ``lock_fd`` is
+    ignored: ``head++`` is a CPU atomic here."""
+
+    cdef AtomicBuffer _buffer      # holds the buffer; _words is its base
+    cdef uint64_t* _words
+    cdef readonly int64_t capacity
+    cdef readonly uint32_t writer_id
+    cdef readonly uint8_t channel
+    cdef readonly int64_t lost
+    cdef readonly int64_t observed
+    cdef int64_t _next
+
+    def __cinit__(self, buffer, int64_t writer_id, int channel, lock_fd=None):
+        if not 0 <= writer_id <= <int64_t>_mask32 or not 0 <= channel <= MAX_CHANNEL:
+            raise ValueError(f"writer_id must fit 32 bits and channel 0-{MAX_CHANNEL}, "
+                             f"got {writer_id}, {channel}")
+        self._buffer = AtomicBuffer(buffer, writable=True)
+        self._words = <uint64_t*>self._buffer._base
+        cdef Py_ssize_t size = self._buffer.size
+        cdef uint64_t capacity = 0
+        if size >= 8 * _HEADER_WORDS and (<size_t>self._words) % 8 == 0:
+            capacity = fr_load_acquire_u64(&self._words[2])
+        if (capacity < 16 or capacity & (capacity - 1) or capacity > (<uint64_t>1 << 40)
+                or fr_load_acquire_u64(&self._words[0]) != _key_log_magic
+                or fr_load_acquire_u64(&self._words[1]) != _key_log_version
+                or fr_load_acquire_u64(&self._words[3]) != <uint64_t>ENTRY_WORDS
+                or <uint64_t>size < 8 * (_HEADER_WORDS + capacity * (2 + _KEYS_CAP))):
+            self.release()
+            raise ValueError("the buffer does not hold a fastroute key log of this version")
+        self.capacity = <int64_t>capacity
+        self.writer_id = <uint32_t>writer_id
+        self.channel = <uint8_t>channel
+        cdef int64_t head = <int64_t>fr_load_acquire_u64(&self._words[_HEAD_WORD])
+        self._next = head - self.capacity if head > self.capacity else 0
+
+    def release(self):
+        """Release the buffer (so that its mmap can be closed)."""
+        self._buffer.release()
+        self._words = NULL
+
+    @property
+    def position(self):
+        """The next entry this reader reads."""
+        return self._next
+
+    cdef inline uint64_t* _entry(self, int64_t position) noexcept nogil:
+        return self._words + _HEADER_WORDS + (position & (self.capacity - 1)) * (2 + _KEYS_CAP)
+
+    cdef int _publish(self, const uint64_t* keys, Py_ssize_t n_keys,
+                      Py_ssize_t n_observe) except -1:
+        if self._words == NULL:
+            raise ValueError("KeyLog has been released")
+        if n_keys > _KEYS_CAP:
+            n_keys = _KEYS_CAP
+        n_observe = max(0, min(n_observe, n_keys))
+        cdef int64_t position = fr_add_fetch_i64(&self._words[_HEAD_WORD], 1) - 1
+        cdef uint64_t* entry = self._entry(position)
+        cdef Py_ssize_t j
+        fr_store_release_u64(&entry[0], 0)
+        fr_fence()
+        fr_store_release_u64(&entry[1], <uint64_t>self.writer_id | (<uint64_t>self.channel << 32)
+                             | (<uint64_t>n_keys << 40) | (<uint64_t>n_observe << 48))
+        for j in range(n_keys):
+            fr_store_release_u64(&entry[2 + j], keys[j])
+        fr_store_release_u64(&entry[0], <uint64_t>(position + 1))
+        return 0
+
+    cdef Py_ssize_t _drain(self, HotKeys hot, HotKeys seen) except -1:
+        if self._words == NULL:
+            raise ValueError("KeyLog has been released")
+        cdef int64_t head = <int64_t>fr_load_acquire_u64(&self._words[_HEAD_WORD])
+        cdef int64_t position = self._next
+        cdef Py_ssize_t observed = 0, n_keys, j
+        cdef uint64_t seq, meta
+        cdef uint64_t* entry
+        cdef uint64_t keys[_KEYS_CAP]
+        if head - position > self.capacity:
+            self.lost += head - self.capacity - position
+            position = head - self.capacity
+        while position < head:
+            entry = self._entry(position)
+            seq = fr_load_acquire_u64(&entry[0])
+            meta = fr_load_acquire_u64(&entry[1])
+            n_keys = min(<Py_ssize_t>((meta >> 40) & 0xFF), <Py_ssize_t>_KEYS_CAP)
+            for j in range(n_keys):
+                keys[j] = fr_load_acquire_u64(&entry[2 + j])
+            fr_fence()
+            if seq != <uint64_t>(position + 1) or fr_load_acquire_u64(&entry[0]) != seq:
+                self.lost += 1
+            elif (meta & _mask32) != self.writer_id and ((meta >> 32) & 0xFF) == self.channel:
+                hot._observe(keys, <Py_ssize_t>((meta >> 48) & 0xFF), 1.0)
+                seen._observe(keys, n_keys, 1.0)
+                observed += 1
+            position += 1
+        self._next = position
+        self.observed += observed
+        return observed
+
+    def publish(self, keys, Py_ssize_t n_observe):
+        """Append one routed request's ``keys`` (see the spec)."""
+        cdef uint64_t buf[_KEYS_CAP]
+        cdef Py_ssize_t j, n = min(len(keys), <Py_ssize_t>_KEYS_CAP)
+        for j in range(n):
+            buf[j] = keys[j]
+        self._publish(buf, n, n_observe)
+
+    def drain(self, HotKeys hot, HotKeys seen):
+        """Observe the other writers' new entries of this channel (see the spec)."""
+        return self._drain(hot, seen)
+
+
 cdef struct RequestKeys:
     # One request's keys, shallow first, and how many of them on_routed observes.
     int64_t depths[_KEYS_CAP]
@@ -236,6 +377,7 @@ cdef class PrefixPicker:
     cdef readonly HotKeys seen      # every depth of every routed request (the saving)
     cdef RequestKeys _last          # keys of the last decided request
     cdef object _last_request       # held, so that its identity cannot be reused
+    cdef readonly KeyLog log        # the host's other workers' keys, or None
 
     def __init__(self, Py_ssize_t block_bytes, Py_ssize_t prefix_bytes, double balance_factor,
                  double hot_share_factor, double hot_half_life_requests, bint deep=False,
@@ -254,6 +396,14 @@ cdef class PrefixPicker:
         self.hot = HotKeys(hot_half_life_requests, max_keys)
         self.seen = HotKeys(hot_half_life_requests, max_keys)
         self._last_request = None
+        self.log = None
+
+    def attach_log(self, KeyLog log):
+        """Share observations through ``log`` (None: this worker's own only; see the
+        spec); replays its recent entries now."""
+        self.log = log
+        if log is not None:
+            log._drain(self.hot, self.seen)
 
     cdef int _fill_keys(self, object prefix, uint64_t key_hash, int64_t key_depth,
                         RequestKeys* out) except -1:
@@ -352,6 +502,8 @@ cdef class PrefixPicker:
             raise ValueError(f"k must be >= 1, got {k}")
         cdef Py_ssize_t row = request.row
         selector._check_row(row)
+        if self.log is not None:
+            self.log._drain(self.hot, self.seen)
         cdef RequestKeys* keys = &self._last
         self._last_request = None  # until the keys below are complete
         self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, keys)
@@ -453,8 +605,11 @@ cdef class PrefixPicker:
         if request is not self._last_request:
             self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, &fresh)
             keys = &fresh
-        self.hot._observe(keys.hashes, min(keys.n_keys, keys.n_observe), 1.0)
+        cdef Py_ssize_t n_observe = min(keys.n_keys, keys.n_observe)
+        self.hot._observe(keys.hashes, n_observe, 1.0)
         self.seen._observe(keys.hashes, keys.n_keys, 1.0)
+        if self.log is not None:
+            self.log._publish(keys.hashes, keys.n_keys, n_observe)
 
     def reset(self):
         """Forget every observation."""

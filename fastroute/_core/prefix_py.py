@@ -212,6 +212,18 @@ class PrefixPicker:
         self.seen = HotKeys(hot_half_life_requests, max_keys)
         # The last decided request, its key hashes and how many of them on_routed observes.
         self._last: tuple[Any, list[int], int] = (None, [], _ALL)
+        #: The host's key log (``fastroute._core.keylog_py.KeyLog``), or None.
+        self.log: Any = None
+
+    def attach_log(self, log: Any) -> None:
+        """Share observations through ``log``, a ``KeyLog``: drain the host's other
+        workers' routed keys into this picker's tables before each decision, publish its
+        own after each ``on_routed`` (None: this worker's own only). The log's recent
+        entries (up to its capacity: a worker that starts or reloads) are replayed now,
+        not in the first decision (a full 4096-entry log takes a few ms)."""
+        self.log = log
+        if log is not None:
+            log.drain(self.hot, self.seen)
 
     def keys(self, prefix: bytes, key_hash: int, key_depth_bytes: int) -> list[tuple[int, int]]:
         """The request's ``(depth_bytes, key)`` pairs, shallow first.
@@ -243,6 +255,8 @@ class PrefixPicker:
             saving the rules counted there (:meth:`_saving_tokens`, truncated to an
             integer), 0 for the bounded fallback and the cost spill.
         """
+        if self.log is not None:
+            self.log.drain(self.hot, self.seen)
         keys = self.keys(request.prefix, request.key_hash, request.key_depth_bytes)
         route = (request.key_depth_bytes, request.key_hash)
         n_eligible = selector.tree_size(request.row, mask)
@@ -383,6 +397,8 @@ class PrefixPicker:
             upto = _ALL
         self.hot.observe(keys[:upto], 1.0)
         self.seen.observe(keys, 1.0)
+        if self.log is not None:
+            self.log.publish(keys, min(upto, len(keys)))
 
     def reset(self) -> None:
         """Forget every observation."""

@@ -39,12 +39,6 @@ cdef class AtomicBuffer:
     calls it between copying a buffer and re-reading the generation).
     """
 
-    cdef Py_buffer _view
-    cdef bint _held
-    cdef readonly bint writable
-    cdef readonly Py_ssize_t size
-    cdef char* _base
-
     def __cinit__(self, buffer, bint writable=False, lock_fd=None):
         PyObject_GetBuffer(buffer, &self._view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
         self._held = True
@@ -64,7 +58,7 @@ cdef class AtomicBuffer:
             self._base = NULL
             self.size = 0
 
-    cdef inline char* _at(self, Py_ssize_t offset, bint write) except NULL:
+    cdef char* _at(self, Py_ssize_t offset, bint write) except NULL:
         if not self._held:
             raise ValueError("AtomicBuffer has been released")
         if offset < 0 or offset + 8 > self.size or offset & 7:

@@ -50,6 +50,8 @@ class ProxySettings:
         ``proxy.workers``: worker processes sharing the port and the stats block.
     peers : sequence of str
         ``proxy.peers``: the other proxies' base URLs (default none).
+    extra : mapping, optional
+        Further ``[proxy]`` keys, written as they are (a bench variant's ``proxy``).
     """
 
     def __init__(
@@ -59,12 +61,14 @@ class ProxySettings:
         stats_name: str,
         workers: int = 1,
         peers: Sequence[str] = (),
+        extra: Mapping[str, bool | int | float | str] | None = None,
     ) -> None:
         self.cluster = cluster
         self.port = port
         self.stats_name = stats_name
         self.workers = workers
         self.peers = tuple(peers)
+        self.extra = dict(extra or {})
 
 
 def render_config(
@@ -182,6 +186,8 @@ def render_config(
         lines.append(f"controller_url = {_q(controller_url)}")
     if proxy.peers:
         lines.append(f"peers = [{', '.join(_q(u) for u in proxy.peers)}]")
+    for key, value in sorted(proxy.extra.items()):
+        lines.append(f"{_q(key)} = {_value(value)}")
     lines += [
         "",
         "[controller]",

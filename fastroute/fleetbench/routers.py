@@ -78,6 +78,8 @@ class RouterPlan:
         A variant's ``proxy.workers`` and its proxies per source cluster.
     peers : bool
         A variant's ``peers``: the run's proxies poll each other's queues.
+    proxy_settings : mapping or None
+        A variant's further ``[proxy]`` keys.
     """
 
     name: str
@@ -91,6 +93,7 @@ class RouterPlan:
     workers: int = 1
     proxies: int = 1
     peers: bool = True
+    proxy_settings: Mapping[str, bool | int | float | str] | None = None
 
 
 def _find_executable(name: str) -> str | None:
@@ -128,6 +131,7 @@ def resolve_router(
             name, "fastroute", variant.policy, params=dict(variant.params),
             hardware=variant.hardware or None, hedge=variant.hedge,
             workers=variant.workers, proxies=variant.proxies, peers=variant.peers,
+            proxy_settings=dict(variant.proxy),
         )  # fmt: skip
     if name in custom:
         return RouterPlan(name, "command", None, custom[name], _check(custom[name]))

@@ -240,6 +240,7 @@ async def _start_router(
             hardware=plan.hardware, hedge=plan.hedge,
             period_s=spec.controller_period_s, controller_enabled=spec.controller, slo_s=slo,
             workers=plan.workers, proxies_per_source=plan.proxies, peers=plan.peers,
+            proxy_settings=plan.proxy_settings,
         )  # fmt: skip
         await stack.start()
         for name, proc in stack.proxies.items():

@@ -151,6 +151,10 @@ class FastrouteVariant(msgspec.Struct, **_OPTS):
         With several proxies in the run, each lists all the others as ``proxy.peers``
         (they poll each other's queued prompt tokens; default true, what a deployment of
         several proxies should configure). False: each sees its own queue only.
+    proxy : table
+        Further ``[proxy]`` keys of each proxy's config (e.g. ``key_log_entries = 0``),
+        checked against ``fastroute.config.ProxyConfig`` when the spec is loaded; not
+        the keys the benchmark sets itself (:data:`GENERATED_PROXY_KEYS`).
     """
 
     policy: PolicyName
@@ -160,6 +164,14 @@ class FastrouteVariant(msgspec.Struct, **_OPTS):
     workers: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1
     proxies: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
     peers: bool = True
+    proxy: dict[str, bool | int | float | str] = {}
+
+
+#: ``[proxy]`` keys the benchmark writes into every proxy's config itself.
+GENERATED_PROXY_KEYS = frozenset(
+    {"host", "port", "workers", "cluster", "table_name", "stats_name", "report_interval_s",
+     "drain_timeout_s", "controller_url", "peers"}
+)  # fmt: skip
 
 
 class BenchSpec(msgspec.Struct, **_OPTS):
@@ -357,3 +369,18 @@ def _check_variants(path: Path, spec: BenchSpec) -> None:
             make_policy(variant.policy, **variant.params)
         except (PolicyConfigError, TypeError, ValueError) as exc:
             raise BenchSpecError(f"{path}: fastroute variant {name!r}: {exc}") from None
+        _check_proxy_keys(path, name, variant.proxy)
+
+
+def _check_proxy_keys(path: Path, name: str, settings: dict[str, Any]) -> None:
+    from fastroute.config import ProxyConfig
+
+    taken = sorted(GENERATED_PROXY_KEYS & settings.keys())
+    if taken:
+        raise BenchSpecError(
+            f"{path}: fastroute variant {name!r}: proxy keys {taken} are set by the benchmark"
+        )
+    try:
+        msgspec.convert(settings, ProxyConfig)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise BenchSpecError(f"{path}: fastroute variant {name!r}: proxy: {exc}") from None

@@ -107,6 +107,8 @@ class FastrouteStack:
     peers : bool
         With more than one proxy in the run, each lists the others as ``proxy.peers``
         (default); False: none does.
+    proxy_settings : mapping, optional
+        Further ``[proxy]`` keys of every proxy's config.
     log_level : str
         ``--log-level`` of the children.
     edit_config : callable, optional
@@ -129,6 +131,7 @@ class FastrouteStack:
     workers: int = 1
     proxies_per_source: int = 1
     peers: bool = True
+    proxy_settings: Mapping[str, bool | int | float | str] | None = None
     log_level: str = "WARNING"
     edit_config: Callable[[str], str] | None = None
     controller: ManagedProcess | None = None
@@ -199,7 +202,9 @@ class FastrouteStack:
         source = self.sources[index]
         name = source if self.proxies_per_source == 1 else f"{source}-{copy}"
         stats = f"{self.shm_prefix}-stats-{index}" + ("" if copy == 0 else f"-{copy}")
-        settings = ProxySettings(source, port, stats, workers=self.workers, peers=peers)
+        settings = ProxySettings(
+            source, port, stats, workers=self.workers, peers=peers, extra=self.proxy_settings
+        )
         text = render_config(
             self.fleet,
             self.engines,

@@ -347,6 +347,18 @@ class Policy(abc.ABC):
     def reset(self) -> None:  # noqa: B027
         """Forget all learned state (cursors, trees). Default: no-op."""
 
+    def attach_key_log(
+        self, buffer: Any, writer_id: int, channel: int, lock_fd: int | None = None
+    ) -> Any:
+        """Share what this instance learns from routed requests with the host's other
+        workers through the key log in ``buffer`` (``fastroute._core.keylog_py`` states
+        the layout; ``writer_id`` unique among its users, ``channel`` 0-255 the traffic
+        this instance routes, ``lock_fd`` the segment's file for the pure-Python twin).
+        Returns the ``fastroute._core.KeyLog`` it reads and writes (its ``observed`` and
+        ``lost`` counts), or None. Default: None (policies whose decisions need no
+        history of other workers')."""
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 

@@ -39,6 +39,11 @@ name                                       type       labels / meaning
 ``fastroute_proxy_calibration_abs_rel_error`` gauge   type: EWMA of |relative error|
 ``fastroute_proxy_calibration_sigma_rel``  gauge      type: robust relative residual scale
 ``fastroute_proxy_calibration_p90_factor`` gauge      type, kind: conformal p90 factor
+``fastroute_proxy_key_log_entries_total``  counter    outcome: other workers' entries of the
+                                                      host's key log this worker read —
+                                                      ``observed`` (into its prefix tables),
+                                                      ``lost`` (overwritten before it read
+                                                      them, or torn by their writer)
 =========================================  =========  =================================
 
 The ``calibration`` families exist only when a class uses ``marginal-cost``
@@ -59,7 +64,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fastroute.predict.calibration import FleetCalibration
@@ -209,6 +214,29 @@ class ProxyMetrics:
         #: without one (set per config by ``install_marginal``).
         self.calibration: FleetCalibration | None = None
         r.register(_CalibrationCollector(self))
+        #: The key logs of the policies in use (``fastroute._core.KeyLog``), read at
+        #: scrape time; what replaced ones counted is kept in ``_key_log_base``.
+        self.key_logs: list[Any] = []
+        self._key_log_base = [0, 0]
+        r.register(_KeyLogCollector(self))
+
+    def use_key_logs(self, logs: list[Any]) -> None:
+        """The policies now use ``logs`` (a reload): keep what the old ones counted."""
+        for log in self.key_logs:
+            self._key_log_base[0] += log.observed
+            self._key_log_base[1] += log.lost
+        self.key_logs = list(logs)
+
+    def key_log_counts(self) -> tuple[int, int] | None:
+        """(observed, lost) entries of the key log over this worker's life; None if it
+        never had one."""
+        if not self.key_logs and not any(self._key_log_base):
+            return None
+        observed, lost = self._key_log_base
+        for log in self.key_logs:
+            observed += log.observed
+            lost += log.lost
+        return observed, lost
 
     def count_request(self, class_name: str, engine: str, status: int) -> None:
         """Count one response; folded into ``requests`` by :meth:`flush` (at scrape time)."""
@@ -299,6 +327,28 @@ def _child(
     if child is None:
         child = cache[(a, b)] = PendingHistogram(family.labels(a, b))
     return child
+
+
+class _KeyLogCollector(Collector):
+    """Exports :meth:`ProxyMetrics.key_log_counts` at scrape time (nothing without a log)."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        counts = self.metrics.key_log_counts()
+        if counts is None:
+            return []
+        family = CounterMetricFamily(
+            "fastroute_proxy_key_log_entries",
+            "Other workers' entries of the host's key log this worker read, by outcome "
+            "(observed into its prefix tables; lost: overwritten before it read them, or "
+            "torn by their writer).",
+            labels=["outcome"],
+        )
+        family.add_metric(["observed"], counts[0])
+        family.add_metric(["lost"], counts[1])
+        return [family]
 
 
 class _CalibrationCollector(Collector):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Counter
 
+from fastroute._core.keylog_py import MAX_CHANNEL
 from fastroute.config import Config, ConfigError
 from fastroute.discovery.merge import load_effective_config
 from fastroute.errors import TableError
@@ -69,6 +71,7 @@ from fastroute.proxy.routes import (
     other_reply,
 )
 from fastroute.proxy.tracing import build_tracing
+from fastroute.tables.key_log import KeyLogSegment, key_log_name
 from fastroute.tables.response_map import ResponseMap, response_map_name
 from fastroute.tables.stats import StatsBlock
 from fastroute.tables.tenant_limits import MAX_TENANTS, TenantLimitBlock, tenant_block_name
@@ -164,6 +167,7 @@ def build_context(
         ctx.aggregator = aggregator  # the signal path's counters outlive reloads
     ctx.scraper = getattr(previous, "scraper", None)
     ctx.responses = _response_map(config, stats_block, previous)
+    ctx.key_log = _share_key_log(ctx, stats_block, previous)
     ctx.models = getattr(previous, "models", None)
     ctx.tracer = _tracer(config, previous)
     ctx.tenants = _tenant_limiter(config, stats_block, ctx, previous)
@@ -195,6 +199,34 @@ def _tenant_limiter(
     if block is None or block.n_tenants < n:
         block = TenantLimitBlock.private(n)
     return TenantLimiter(config, block, proxy_id(config), ctx.metrics)
+
+
+def _share_key_log(
+    ctx: ProxyContext, stats_block: StatsBlock | None, previous: ProxyContext | None
+) -> KeyLogSegment | None:
+    """Give every policy instance of ``ctx`` the host's key log (``{stats_name}.keys``,
+    created by the supervisor; the previous context's on a reload), one channel per
+    instance in a fixed order so that the workers' instances of one policy meet on one
+    channel; None without a log (``proxy.key_log_entries = 0``, or no supervisor)."""
+    segment = previous.key_log if previous is not None else None
+    if not ctx.config.proxy.key_log_entries:
+        segment = None  # switched off by a reload: the old mapping goes with the old context
+    elif segment is None and stats_block is not None:
+        try:
+            segment = KeyLogSegment.attach(key_log_name(stats_block.name))
+        except (TableError, OSError) as exc:
+            logger.warning("no shared key log (%s): prefix tables are per worker", exc)
+    logs = []
+    if segment is not None:
+        instances = list(ctx.policies.values())
+        if ctx.pd is not None:
+            instances += [*ctx.pd.prefill_policies.values(), *ctx.pd.decode_policies.values()]
+        for channel, policy in enumerate(instances[: MAX_CHANNEL + 1]):
+            log = policy.attach_key_log(segment.buffer, secrets.randbits(32), channel, segment.fd)
+            if log is not None:
+                logs.append(log)
+    ctx.metrics.use_key_logs(logs)
+    return segment
 
 
 def _response_map(

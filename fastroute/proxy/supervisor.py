@@ -11,7 +11,9 @@ The supervisor (the process systemd or the user starts):
    ``{stats_name}-{pid}`` instead, rather than refuse to start or take over the other
    proxy's block; next to it, the stored-response id → engine map
    (:class:`~fastroute.tables.response_map.ResponseMap`, ``{stats_name}.responses``,
-   ``proxy.response_map_capacity`` entries);
+   ``proxy.response_map_capacity`` entries) and the prefix-key log the workers' policies
+   share (:class:`~fastroute.tables.key_log.KeyLogSegment`, ``{stats_name}.keys``,
+   ``proxy.key_log_entries``);
 2. reserves the listen address with a bound, non-listening ``SO_REUSEPORT`` socket (so
    port 0 resolves to one port for every worker, and the port stays ours while a
    worker restarts);
@@ -58,6 +60,7 @@ from fastroute.discovery.state_file import read_state, state_path_of
 from fastroute.errors import TableError, TableLockedError
 from fastroute.hashing import engine_id
 from fastroute.systemd import Notifier, pids_listening
+from fastroute.tables.key_log import KeyLogSegment, key_log_name
 from fastroute.tables.response_map import ResponseMap, response_map_name
 from fastroute.tables.stats import StatsBlock
 from fastroute.tables.tenant_limits import MAX_TENANTS, TenantLimitBlock, tenant_block_name
@@ -219,6 +222,7 @@ class Supervisor:
             stats.unlink()
             raise
         tenants = self._create_tenant_block()
+        key_log = self._create_key_log()
         try:
             reserve = self._reserve()
         except BaseException:
@@ -276,9 +280,24 @@ class Supervisor:
             responses.close()
             if tenants is not None:
                 tenants.close(unlink=True)
+            if key_log is not None:
+                key_log.close()
             stats.unlink()
             self._sd.close()
         return 1 if self._failed else 0
+
+    def _create_key_log(self) -> KeyLogSegment | None:
+        """The workers' shared prefix-key log (``{stats_name}.keys``); None when
+        ``proxy.key_log_entries`` is 0 or it cannot be created (each worker's tables then
+        count its own requests)."""
+        entries = self.config.proxy.key_log_entries
+        if not entries:
+            return None
+        try:
+            return KeyLogSegment.create(key_log_name(self.stats_name), entries)
+        except (TableError, OSError) as exc:
+            logger.warning("no shared key log (%s): prefix tables are per worker", exc)
+            return None
 
     def _create_tenant_block(self) -> TenantLimitBlock | None:
         """The workers' shared per-tenant counters (``{stats_name}.tenants``); None

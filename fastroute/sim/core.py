@@ -543,7 +543,11 @@ class Simulator:
         for r in self.regions:
             proxies = self.proxies_by_region[r] = []
             for _ in range(cfg.proxies):
-                shared = ProxyLoads(n_e, peers=cfg.peer_poll_interval_s > 0)
+                shared = ProxyLoads(
+                    n_e,
+                    peers=cfg.peer_poll_interval_s > 0,
+                    key_log_entries=cfg.key_log_entries if cfg.workers > 1 else 0,
+                )
                 self.proxy_loads.append((r, shared))
                 workers = []
                 for _ in range(cfg.workers):

@@ -29,6 +29,7 @@ from fastroute.policy.marginal import (
     MarginalPairs,
     StaticEngineStateView,
 )
+from fastroute.policy.prefix_hrw import private_key_log
 from fastroute.predict.interleave import PrefillInterleave
 from fastroute.sim.scenario import DataPlaneConfig
 
@@ -206,20 +207,26 @@ class ProxyLoads:
     """What the workers of one proxy count together (the proxy's shared stats block):
     in-flight requests, tokens and queued prompt tokens per engine; and, when the proxies
     poll each other (``dataplane.peer_poll_interval_s``), the other proxies' queued prompt
-    tokens as of this proxy's last poll (the proxy's ``EngineStats.peer_queued``).
+    tokens as of this proxy's last poll (the proxy's ``EngineStats.peer_queued``); and
+    the key log its workers' policies share (the proxy's ``{stats}.keys`` segment).
 
     Parameters
     ----------
     n_engines : int
     peers : bool
         Keep ``peer_queued`` (else None: this proxy sees its own queue only).
+    key_log_entries : int
+        Entries of the shared key log; 0: none (``key_log`` is None).
     """
 
-    def __init__(self, n_engines: int, peers: bool = False) -> None:
+    def __init__(self, n_engines: int, peers: bool = False, key_log_entries: int = 0) -> None:
         self.in_flight = np.zeros(n_engines, dtype=np.int64)
         self.tokens = np.zeros(n_engines, dtype=np.int64)
         self.queued_tokens = np.zeros(n_engines, dtype=np.int64)
         self.peer_queued = np.zeros(n_engines, dtype=np.int64) if peers else None
+        self.key_log: bytearray | None = None
+        if key_log_entries:
+            self.key_log = private_key_log(key_log_entries)
 
     def polled(self, others: list[ProxyLoads]) -> None:
         """A poll round: the other proxies' queued prompt tokens, now."""
@@ -309,6 +316,8 @@ class DataPlane:
         if engine_types is not None:
             self.state.column("engine_type")[:] = engine_types
         self.proxy = shared_loads if shared_loads is not None else ProxyLoads(n)
+        if self.proxy.key_log is not None:
+            self.policy.attach_key_log(self.proxy.key_log, index, 0)
         self.loads = self.proxy.in_flight
         self.token_loads = self.proxy.tokens
         self.queued_loads = self.proxy.queued_tokens

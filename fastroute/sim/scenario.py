@@ -240,6 +240,11 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
         ``peer_poll_interval_s``, :mod:`fastroute.proxy.background.peer_queues`); the
         proxies poll out of phase (a random offset each) and the answer is taken as of
         the poll. 0 (default): no polls, each proxy sees its own queue only.
+    key_log_entries : int
+        The key log the workers of one proxy share (the proxy's ``proxy.key_log_entries``,
+        :mod:`fastroute.tables.key_log`): every worker's ``prefix-hrw`` tables count the
+        proxy's routed requests, not only its own. 0: each worker counts its own. Default
+        4096, as the proxy's; used when ``workers > 1``.
     """
 
     policy: str = DEFAULT_POLICY
@@ -264,6 +269,7 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     proxies: int = 1
     load_view: Literal["local", "global-stale"] = "local"
     peer_poll_interval_s: float = 0.0
+    key_log_entries: int = 4096
     hedge: bool = False
     hedge_quantile: float = 0.95
     hedge_floor_s: float = 0.05
@@ -487,6 +493,9 @@ def _check(s: Scenario, where: str) -> None:
         bad(f"dataplane needs workers >= 1 and proxies >= 1, got {d.workers} and {d.proxies}")
     if not d.peer_poll_interval_s >= 0:
         bad(f"dataplane.peer_poll_interval_s must be >= 0, got {d.peer_poll_interval_s}")
+    entries = d.key_log_entries
+    if entries and (entries < 16 or entries & (entries - 1)):
+        bad(f"dataplane.key_log_entries must be 0 or a power of two >= 16, got {entries}")
     groups = set(names)
     engine_names = {f"{g.name}-{i}" for g in s.engines for i in range(g.count)}
     for f in s.faults:

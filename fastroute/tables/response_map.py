@@ -30,8 +30,10 @@ from fastroute.errors import TableFormatError, TableSizeError, TableValueError
 from fastroute.tables.segment import (
     WriterLock,
     close_mapping,
+    create_segment,
     map_segment,
     open_existing,
+    remove_segment,
     segment_path,
 )
 
@@ -105,12 +107,9 @@ class ResponseMap:
             )
 
     @staticmethod
-    def _init(fd: int, capacity: int) -> Any:
-        os.ftruncate(fd, _segment_size(capacity))
-        mm = map_segment(fd, _segment_size(capacity), writable=True)
+    def _write_header(mm: Any, capacity: int) -> None:
         _HEADER.pack_into(mm, 0, 0, capacity, 0)
         mm[0:8] = RESPONSE_MAP_MAGIC.to_bytes(8, "little")  # magic last: now valid
-        return mm
 
     @classmethod
     def create(cls, name: str, capacity: int = DEFAULT_RESPONSE_MAP_CAPACITY) -> ResponseMap:
@@ -124,16 +123,9 @@ class ResponseMap:
             ``capacity`` is not a positive multiple of :data:`WAYS`.
         """
         cls._check_capacity(capacity)
-        path = segment_path(name)
-        lock = WriterLock(path)
-        try:
-            tmp = path.with_name(path.name + ".tmp")
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            mm = cls._init(fd, capacity)
-            os.rename(tmp, path)
-        except BaseException:
-            lock.release()
-            raise
+        fd, mm, lock = create_segment(
+            name, _segment_size(capacity), lambda mm: cls._write_header(mm, capacity)
+        )
         return cls(mm, fd, capacity, lock, name)
 
     @classmethod
@@ -164,7 +156,10 @@ class ResponseMap:
         cls._check_capacity(capacity)
         fd, path = tempfile.mkstemp(prefix="fastroute-responses-")
         os.unlink(path)
-        return cls(cls._init(fd, capacity), fd, capacity)
+        os.ftruncate(fd, _segment_size(capacity))
+        mm = map_segment(fd, _segment_size(capacity), writable=True)
+        cls._write_header(mm, capacity)
+        return cls(mm, fd, capacity)
 
     def close(self) -> None:
         """Detach; the creator also removes the named segment."""
@@ -175,11 +170,7 @@ class ResponseMap:
         self._mm = None
         os.close(self._fd)
         if self._lock is not None and self.name is not None:
-            try:
-                segment_path(self.name).unlink()
-            except FileNotFoundError:
-                pass
-            self._lock.release(unlink=True)
+            remove_segment(self.name, self._lock)
             self._lock = None
 
     # -- access --------------------------------------------------------------------

@@ -16,6 +16,7 @@ import mmap
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from fastroute.errors import TableLockedError, TableNotFoundError
@@ -29,6 +30,8 @@ __all__ = [
     "WriterLock",
     "lock_path",
     "validate_name",
+    "create_segment",
+    "remove_segment",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -64,6 +67,45 @@ def map_segment(fd: int, size: int, *, writable: bool) -> mmap.mmap:
     """Map ``size`` bytes of the open file ``fd``, shared between processes."""
     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+
+
+def create_segment(
+    name: str, size: int, init: Callable[[mmap.mmap], None], *, mode: int = 0o600
+) -> tuple[int, mmap.mmap, WriterLock]:
+    """Create segment ``name`` of ``size`` zeroed bytes, replacing an old one of that name.
+
+    Under a fresh :class:`WriterLock`, the file is made as ``<name>.tmp``, mapped, filled by
+    ``init`` (its header, the magic last) and renamed into place, so a reader never maps a
+    half-made segment. Returns ``(fd, mapping, lock)``; the caller owns all three.
+
+    Raises
+    ------
+    fastroute.errors.TableLockedError
+        Another live process owns the name.
+    """
+    path = segment_path(name)
+    lock = WriterLock(path)
+    try:
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            os.ftruncate(fd, size)
+            mm = map_segment(fd, size, writable=True)
+            init(mm)
+            os.rename(tmp, path)
+        except BaseException:
+            os.close(fd)
+            raise
+    except BaseException:
+        lock.release()
+        raise
+    return fd, mm, lock
+
+
+def remove_segment(name: str, lock: WriterLock) -> None:
+    """The creator's end of segment ``name``: remove its file, then its lock (and file)."""
+    segment_path(name).unlink(missing_ok=True)
+    lock.release(unlink=True)
 
 
 def close_mapping(mm: mmap.mmap) -> None:

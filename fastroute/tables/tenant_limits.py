@@ -32,6 +32,7 @@ from fastroute.errors import TableFormatError, TableSizeError, TableValueError
 from fastroute.tables.segment import (
     WriterLock,
     close_mapping,
+    create_segment,
     map_segment,
     open_existing,
     segment_path,
@@ -149,20 +150,13 @@ class TenantLimitBlock:
         """
         if not 1 <= n_tenants <= MAX_TENANTS:
             raise TableValueError(f"n_tenants must be in 1..{MAX_TENANTS}, got {n_tenants}")
-        path = segment_path(name)
-        lock = WriterLock(path)
-        try:
-            tmp = path.with_name(path.name + ".tmp")
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
-            size = cls.segment_size(n_tenants)
-            os.ftruncate(fd, size)
-            mm = map_segment(fd, size, writable=True)
+
+        def write_header(mm: Any) -> None:
             _HEADER.pack_into(mm, 0, 0, _VERSION, n_tenants)
             mm[0:8] = _MAGIC.to_bytes(8, "little")  # magic last: now valid
-            os.rename(tmp, path)
-        except BaseException:
-            lock.release()
-            raise
+
+        path = segment_path(name)
+        fd, mm, lock = create_segment(name, cls.segment_size(n_tenants), write_header, mode=mode)
         block = cls(name, path, fd, mm, n_tenants)
         block._lock = lock
         return block

@@ -72,6 +72,7 @@ from fastroute.proxy.path.tenant_limits import (
 )
 from fastroute.proxy.tracing import NO_TRACING
 from fastroute.signals.reports import DemandAggregator
+from fastroute.tables.key_log import KeyLogSegment
 from fastroute.tables.response_map import ResponseMap
 
 __all__ = [
@@ -155,6 +156,9 @@ class ProxyContext:
     tenants : TenantLimiter or None
         Per-tenant limits and fair shedding (:mod:`fastroute.proxy.path.tenant_limits`);
         None without tenants.
+    key_log : KeyLogSegment or None
+        The host's prefix-key log (``{stats_name}.keys``) the policies share with the
+        other workers; None: each policy instance learns from this worker's requests only.
     """
 
     config: Config
@@ -172,6 +176,7 @@ class ProxyContext:
     models: Any = None
     tracer: Any = NO_TRACING
     tenants: TenantLimiter | None = None
+    key_log: KeyLogSegment | None = None
     ready: bool = False
     draining: bool = False
 

@@ -28,6 +28,7 @@ from proxy_harness import MODEL, SHORT_OUTPUTS, Harness, chat_body, config_toml
 
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.hashing import engine_id
+from fastroute.tables.key_log import KeyLogSegment, key_log_name
 from fastroute.tables.stats import Counter, StatsBlock
 
 pytestmark = pytest.mark.integration
@@ -411,5 +412,51 @@ def test_one_worker_per_host_polls_the_peers_and_every_worker_sees_their_queue(
             finally:
                 a_stats.close()
                 b_stats.close()
+
+    h.run(main(), timeout=60.0)
+
+
+def test_workers_read_each_others_routed_prefix_keys(h: Harness, spawn: Any) -> None:
+    """The default policy's workers share the host's key log: every routed request is one
+    entry of ``{stats}.keys``, and each worker reads the other's into its tables (its
+    ``fastroute_proxy_key_log_entries_total{outcome="observed"}`` grows), losing none."""
+
+    async def main() -> None:
+        async with engines(2) as fleet:
+            proxy = spawn(config_toml(fleet.urls))
+            await wait_workers(h, proxy, 2)
+            segment = KeyLogSegment.attach(key_log_name(proxy.stats_name))
+            head = memoryview(segment.buffer).cast("Q")
+            served: dict[int, int] = {}
+            observed: dict[int, float] = {}
+            document = "shared document " * 200  # 3.2 kB: depth keys down to 2 kB
+            try:
+                async with fresh_session() as s:
+
+                    async def one_request() -> None:
+                        body = chat_body(f"{document} question {sum(served.values())}")
+                        async with s.post(proxy.url + "/v1/chat/completions", json=body) as r:
+                            assert r.status == 200, await r.text()
+                            pid = int(r.headers["x-fastroute-worker"])
+                            served[pid] = served.get(pid, 0) + 1
+                        pid, value = await metric(
+                            s,
+                            proxy.url,
+                            'fastroute_proxy_key_log_entries_total{outcome="observed"}',
+                        )
+                        observed[pid] = value
+
+                    async def both_read_the_other() -> bool:
+                        await one_request()
+                        return len(observed) == 2 and min(observed.values()) > 0
+
+                    await h.wait_until(both_read_the_other, timeout=20.0, interval=0.0)
+                    assert head[4] == sum(served.values())  # one entry per routed request
+                    async with s.get(proxy.url + "/metrics") as r:
+                        text = await r.text()
+                    assert 'fastroute_proxy_key_log_entries_total{outcome="lost"} 0.0' in text
+            finally:
+                head.release()
+                segment.close()
 
     h.run(main(), timeout=60.0)

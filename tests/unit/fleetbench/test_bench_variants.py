@@ -145,3 +145,29 @@ def test_a_variant_sets_workers_and_proxies_within_bounds() -> None:
     for bad in ({"workers": 0}, {"workers": 17}, {"proxies": 0}, {"proxies": 9}):
         with pytest.raises(msgspec.ValidationError):
             msgspec.convert({"policy": "prefix-hrw", **bad}, FastrouteVariant)
+
+
+def test_a_variants_proxy_keys_reach_the_config_and_bad_ones_are_refused(tmp_path) -> None:
+    from pathlib import Path
+
+    from fastroute.fleetbench.spec import BenchSpecError, load_spec
+
+    plan = resolve_router(
+        "nolog", {}, {"nolog": FastrouteVariant(policy="prefix-hrw", proxy={"key_log_entries": 0})}
+    )
+    assert plan.proxy_settings == {"key_log_entries": 0}
+    settings = ProxySettings("local", 8080, "fastroute-test-stats", extra=plan.proxy_settings)
+    text = render_config(
+        FLEET, plan_engines(FLEET), settings, table_name="fastroute-test-w", controller_port=8090
+    )
+    assert decode_config(text, source="test").proxy.key_log_entries == 0
+    spec = Path("examples/bench/families/sensitivity/keylog-bursts-70.toml").read_text()
+    for bad, message in [
+        ("{ key_log_entries = 24 }", "power of two"),
+        ("{ bogus = 1 }", "bogus"),
+        ("{ workers = 2 }", "set by the benchmark"),
+    ]:
+        path = tmp_path / "spec.toml"
+        path.write_text(spec.replace("{ key_log_entries = 0 }", bad))
+        with pytest.raises(BenchSpecError, match=message):
+            load_spec(path)

@@ -7,7 +7,7 @@ import pytest
 
 from fastroute.hashing import engine_id
 from fastroute.policy import PolicyConfigError, RouteRequest, StaticFleetView, make_policy
-from fastroute.policy.prefix_hrw import PrefixHRW, depth_keys
+from fastroute.policy.prefix_hrw import PrefixHRW, depth_keys, private_key_log
 
 
 def _view(n: int = 8, weights: list[float] | None = None) -> StaticFleetView:
@@ -363,3 +363,31 @@ def test_the_decision_says_what_it_expects_cached_at_the_chosen_engine() -> None
     view.queued_loads[first.chosen] = 5000
     spilled = policy.choose(request, view)
     assert (spilled.reason, spilled.cached_tokens) == ("cost-spill", 0)
+
+
+def test_workers_sharing_a_key_log_decide_as_one_worker() -> None:
+    """Three workers over one key log, each request decided and routed by a random one of
+    them: every decision is the one a single worker that saw all the requests makes (each
+    drains the others' entries, in order, before deciding)."""
+    log = private_key_log(64)
+    view, alone = _view(6), PrefixHRW(hot_half_life_requests=50.0)
+    workers = [PrefixHRW(hot_half_life_requests=50.0) for _ in range(3)]
+    for w, policy in enumerate(workers):
+        assert policy.attach_key_log(log, w, 0) is not None
+    rng = np.random.default_rng(4)
+    system = _text(1, 1500)
+    for s in range(300):
+        head = system if rng.random() < 0.6 else b""
+        request = _request(head + _text(int(rng.integers(0, 30)), 2000), key=s)
+        view.queued_loads = rng.integers(0, 4, size=6).astype(np.int64) * 400
+        worker = workers[int(rng.integers(0, 3))]
+        decision = worker.choose(request, view)
+        assert decision == alone.choose(request, view), s
+        worker.on_routed(request, decision.engine_ids[0])
+        alone.on_routed(request, decision.engine_ids[0])
+    assert max(w.hot.requests for w in workers) == alone.hot.requests == 300
+
+
+def test_policies_without_history_ignore_the_key_log() -> None:
+    log = private_key_log(16)
+    assert make_policy("least-request").attach_key_log(log, 1, 0) is None

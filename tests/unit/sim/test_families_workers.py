@@ -128,6 +128,27 @@ def test_proxies_without_peer_polls_see_their_own_queue_only():
     assert all(dp.view.peer_queued is None for dp in sim.dataplanes)
 
 
+def test_workers_of_a_proxy_count_each_others_requests_through_the_key_log():
+    """With the key log (the default) every prefix-hrw worker's share table counts the
+    proxy's routed requests; without it, about its own quarter."""
+    hot_prompt = {"kind": "hot-prompt", "rate_rps": 3.0}
+    counts = {}
+    for entries in (4096, 0):
+        sc = family_scenario(hot_prompt, dataplane={"workers": 4, "key_log_entries": entries})
+        sim = Simulator(sc, policy="prefix-hrw", seed=1)
+        assert all((dp.proxy.key_log is not None) == bool(entries) for dp in sim.dataplanes)
+        sim.run()
+        requests = [dp.policy.hot.requests for dp in sim.dataplanes]
+        log = sim.dataplanes[0].proxy.key_log
+        routed = memoryview(log).cast("Q")[4] if log is not None else sum(requests)
+        counts[entries] = (routed, requests)
+    routed, requests = counts[4096]
+    # Each worker has drained the others' entries up to its own last decision.
+    assert routed > 50 and all(0.9 * routed <= n <= routed for n in requests), counts
+    routed, requests = counts[0]
+    assert max(requests) < 0.5 * routed, counts
+
+
 def test_worker_assignment_is_seeded_and_deterministic():
     _, a = run("cache-aware", 4, 2, seed=3)
     _, b = run("cache-aware", 4, 2, seed=3)
@@ -170,6 +191,7 @@ def test_target_load_sets_the_familys_rate_from_capacity():
         ({"dataplane": {"workers": 0}}, "workers >= 1"),
         ({"dataplane": {"proxies": 0}}, "proxies >= 1"),
         ({"dataplane": {"peer_poll_interval_s": -1}}, "peer_poll_interval_s must be >= 0"),
+        ({"dataplane": {"key_log_entries": 24}}, "key_log_entries must be 0 or a power"),
         ({"family": {"kind": "rag", "model": "llama-3-8b"}}, "served by no engine"),
         ({"trace": {"path": "x.csv"}}, "[family] excludes"),
         ({"family": {"kind": "rag", "documents": -1}}, "documents must be >= 1"),
