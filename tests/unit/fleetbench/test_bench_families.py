@@ -138,3 +138,17 @@ def test_a_keylog_spec_is_its_family_spec_with_and_without_the_key_log(family: s
     assert (shared.workers, shared.proxies, shared.peers, shared.proxy) == (4, 2, True, {})
     assert (alone.workers, alone.proxies, alone.peers) == (4, 2, True)
     assert alone.proxy == {"key_log_entries": 0}
+
+
+@pytest.mark.parametrize("family", ["bursts-90", "prefix-tree-90"])
+def test_a_keylog_4x1_spec_is_its_family_spec_at_four_workers_with_and_without(
+    family: str,
+) -> None:
+    """The one-proxy runs of "Several workers": 4 workers, the key log on and off."""
+    base = load_spec(SPECS / f"{family}.toml")
+    variant = load_spec(SPECS / "sensitivity" / f"keylog-4x1-{family}.toml")
+    _assert_same_requests(base, variant)
+    assert variant.routers == ("default-4x1", "default-4x1-nolog")
+    shared, alone = (variant.fastroute_variants[n] for n in variant.routers)
+    assert (shared.workers, shared.proxies, shared.proxy) == (4, 1, {})
+    assert (alone.workers, alone.proxies, alone.proxy) == (4, 1, {"key_log_entries": 0})
