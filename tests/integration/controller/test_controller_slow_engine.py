@@ -32,6 +32,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "demo-8b"
 PER_WINDOW = 80  # streamed requests per window (fixed prompts: a deterministic HRW split)
 CONCURRENCY = 8
+#: Windows run after the fault clears: 6 healthy ones restore the engine, and up to 14 more
+#: leave room for noisy windows on a loaded machine before the 3 that check for flapping.
+MAX_RECOVERY_WINDOWS = 20
 
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 100.0) -> Any:
@@ -75,8 +78,11 @@ def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flappin
 ) -> None:
     """Engine 0 slowed 3×: its level drops to .75 exactly at the 3rd slow window and its table
     weight falls to .75 of its peers'; restored, it stays .75 for at least 5 windows and returns
-    to 1 (at the 6th healthy window, or a little later if a noisy window restarts the streak),
-    then stays at 1 (no flapping); its peers are never touched."""
+    to 1 (at the 6th healthy window, or later if noisy windows restart the streak: a window whose
+    TTFT falls between the exit and entry thresholds breaks it, and on a loaded 2-core machine
+    two such windows in 11 kept one clean-clone CI run from ever restoring), then stays at 1
+    for 3 more windows (no flapping); its peers are never touched. At most
+    ``MAX_RECOVERY_WINDOWS`` windows are run after the fault clears."""
 
     async def main() -> list[list[float]]:
         specs = fleet_specs(
@@ -117,8 +123,13 @@ def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flappin
                     w = svc.plan.weights[svc.model.classes.index(_east_default(svc))]
                     assert w[0] < w[1] and w[0] / w[1] == pytest.approx(0.75)
                     await fleet[0].clear_faults()
-                    for _ in range(11):
+                    restored_at = None
+                    for n in range(MAX_RECOVERY_WINDOWS):
                         levels.append(await window())
+                        if restored_at is None and levels[-1][0] == 1.0:
+                            restored_at = n
+                        if restored_at is not None and n >= restored_at + 3:
+                            break
                     return levels
 
     levels = run(main())
@@ -127,9 +138,11 @@ def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flappin
     recovered = e0[3:]
     assert 1.0 in recovered, e0
     back = recovered.index(1.0)
-    # ≥ 6 healthy windows to exit; a noisy window on a loaded machine may restart the streak
-    assert 5 <= back <= 8, e0
-    assert recovered[:back] == [0.75] * back and recovered[back:] == [1.0] * (11 - back), e0
+    # ≥ 6 healthy windows to exit (never fewer); noisy windows may restart the streak
+    assert back >= 5, e0
+    after = len(recovered) - back
+    assert recovered[:back] == [0.75] * back and recovered[back:] == [1.0] * after, e0
+    assert after == 4, e0  # the restoring window and 3 more: no flapping
     assert all(h[1:] == [1.0, 1.0, 1.0] for h in levels), levels
 
 
