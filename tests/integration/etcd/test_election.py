@@ -30,9 +30,17 @@ async def _until(predicate: Any, bound_s: float) -> float:
     return loop.time() - t0
 
 
-def _candidates(cluster: EtcdCluster, n: int) -> list[Election]:
+#: Lease TTL of the test that kills an etcd member. A leader keeps leading until its last
+#: renewal's send + TTL - margin (TTL/4), and that renewal may be one interval (TTL/3) old when
+#: the member dies: it rides out an etcd stall of TTL * 5/12 at least. Killing the etcd leader
+#: stalls every call for its election (timeout 500-1000 ms here, longer on a loaded 2-core CI
+#: machine: one run stalled past the 0.83 s a 2 s TTL leaves), so 6 s leaves 2.5 s.
+MEMBER_LOSS_TTL_S = 6
+
+
+def _candidates(cluster: EtcdCluster, n: int, ttl_s: int = 2) -> list[Election]:
     return [
-        Election(EtcdClient(cluster.client_urls, timeout_s=0.4), KEY, f"http://c{i}", ttl_s=2)
+        Election(EtcdClient(cluster.client_urls, timeout_s=0.4), KEY, f"http://c{i}", ttl_s=ttl_s)
         for i in range(n)
     ]
 
@@ -117,14 +125,15 @@ def test_exactly_one_leader_then_failover_raises_epoch(etcd_cluster: EtcdCluster
 
 def test_one_member_killed_keeps_the_leader(etcd_cluster: EtcdCluster) -> None:
     async def go() -> None:
-        cands = _candidates(etcd_cluster, 2)
+        cands = _candidates(etcd_cluster, 2, ttl_s=MEMBER_LOSS_TTL_S)
         tasks = [asyncio.create_task(c.run()) for c in cands]
         try:
             await _until(lambda: sum(c.is_leader() for c in cands) == 1, 10.0)
             leader = next(c for c in cands if c.is_leader())
             epoch = leader.epoch
             etcd_cluster.kill(0)  # the member every client tries first
-            for _ in range(40):  # 4 s: two TTLs
+            # one TTL: past it the lease would be gone had the surviving members not kept it
+            for _ in range(MEMBER_LOSS_TTL_S * 10):
                 assert leader.is_leader() and leader.epoch == epoch
                 assert sum(c.is_leader() for c in cands) == 1
                 await asyncio.sleep(0.1)
