@@ -986,8 +986,10 @@ class ControllerHaConfig(_Section):
         etcd's lease-expiry check (500 ms) plus a follower's campaign interval (TTL/10), plus
         one period to publish; the leader renews every TTL/3
         and stops publishing TTL/4 before its lease could expire, so a stall (GC pause, blocked
-        scrape, etcd leader change ~1 s) shorter than about TTL/2 costs nothing. 10 s keeps
-        failover within about two default periods while absorbing multi-second stalls.
+        scrape, etcd leader change ~1 s) that starts when its last renewal is up to TTL/3 old
+        costs nothing if shorter than TTL x 5/12 (4.2 s at 10 s; a 2 s TTL's 0.83 s was too
+        short for one etcd leader change on a loaded machine). 10 s keeps failover within about
+        two default periods while absorbing multi-second stalls.
     election_key : str
         The etcd key the leader creates under its lease (value: its ``advertise_url``); all
         controllers of one deployment share it, another deployment uses another key.
