@@ -24,7 +24,8 @@ name                                       type       labels / meaning
                                                       (the runner-up's token came first),
                                                       ``lost`` (the first engine's did),
                                                       ``cancelled`` (neither: both failed or
-                                                      the client left), ``refused`` (budget,
+                                                      the client left before a first token),
+                                                      ``refused`` (budget,
                                                       shedding or no runner-up)
 ``fastroute_proxy_upstream_failures_total`` counter   engine, kind (connect_error, ...)
 ``fastroute_proxy_ejections_total``        counter    engine: local outlier ejections

@@ -219,6 +219,14 @@ class _Race:
                 other.task.cancel()  # closes its engine connection: the engine aborts
 
 
+def _race_outcome(race: _Race) -> str:
+    """A sent hedge's outcome: ``won`` (its first token came first), ``lost`` (the
+    primary's did) or ``cancelled`` (neither leg had one when the request ended)."""
+    if race.winner is None:
+        return "cancelled"
+    return "won" if race.winner.rank == 1 else "lost"
+
+
 AttemptFn = Callable[[RequestState, int, int], Awaitable[Reply]]
 
 
@@ -271,9 +279,13 @@ class Hedger:
             for leg in race.legs:
                 if leg.task is not None and not leg.task.done():
                     leg.task.cancel()
-            if info["sent"] and "outcome" not in info:  # the client went away
-                info["outcome"] = "cancelled"
-                self.ctx.metrics.hedges.labels("cancelled").inc()
+            if info["sent"] and "outcome" not in info:  # the client went away first
+                # The first token decided the race, whenever the client left after it
+                # (a client that closes on [DONE] can beat the tally): "cancelled" only
+                # when no leg had claimed it.
+                outcome = _race_outcome(race)
+                info["outcome"] = outcome
+                self.ctx.metrics.hedges.labels(outcome).inc()
             await asyncio.gather(
                 *(leg.task for leg in race.legs if leg.task is not None), return_exceptions=True
             )
@@ -372,11 +384,6 @@ class Hedger:
             self.delays.observe(state.cls, first_token)
         if not info["sent"]:
             return
-        if winner is None:
-            outcome = "cancelled"
-        elif winner.rank == 1:
-            outcome = "won"
-        else:
-            outcome = "lost"
+        outcome = _race_outcome(race)
         info["outcome"] = outcome
         self.ctx.metrics.hedges.labels(outcome).inc()

@@ -169,3 +169,38 @@ def test_a_hedged_stream_via_openai_client(h: Harness) -> None:
             assert await hedges(st) == {"won": 1.0}
 
     h.run(main())
+
+
+def test_a_client_leaving_after_the_first_token_keeps_the_hedges_outcome(h: Harness) -> None:
+    """The first token decided the race: a client that closes the stream after it (as a
+    client closing on ``[DONE]`` can, before the proxy's tally) counts as ``won``, not
+    ``cancelled`` (one clean make-test run counted it ``cancelled``)."""
+
+    async def main() -> None:
+        async with h.proxy_stack(2, extra=hedged_config()) as st:
+            sid = "sid-leaves"
+            first, second = ranking(st, sid, 2)
+            await st.fleet[first].set_faults(slowdown=SLOWDOWN)
+            body = {**body_of("chat"), "max_tokens": 200}  # still streaming when it leaves
+            async with aiohttp.ClientSession() as s:
+                async with s.post(
+                    st.url + "/v1/chat/completions", json=body, headers={"x-session-id": sid}
+                ) as resp:
+                    assert resp.status == 200
+                    rid = resp.headers["x-request-id"]
+                    async for raw in resp.content:
+                        if raw.startswith(b"data: {"):
+                            break  # the winner's first event: leave mid-stream
+                    resp.close()
+            await h.wait_until(lambda: _has_outcome(st), 5.0)
+            assert await hedges(st) == {"won": 1.0}
+            record = await record_of(st, rid)
+            assert record["hedge"]["outcome"] == "won"
+            assert record["hedge"]["runner_up"] == f"engine-{second}"
+
+    h.run(main())
+
+
+async def _has_outcome(st: Stack) -> bool:
+    counts = await hedges(st)
+    return sum(v for k, v in counts.items() if k != "refused") > 0
