@@ -219,14 +219,6 @@ class _Race:
                 other.task.cancel()  # closes its engine connection: the engine aborts
 
 
-def _race_outcome(race: _Race) -> str:
-    """A sent hedge's outcome: ``won`` (its first token came first), ``lost`` (the
-    primary's did) or ``cancelled`` (neither leg had one when the request ended)."""
-    if race.winner is None:
-        return "cancelled"
-    return "won" if race.winner.rank == 1 else "lost"
-
-
 AttemptFn = Callable[[RequestState, int, int], Awaitable[Reply]]
 
 
@@ -279,13 +271,10 @@ class Hedger:
             for leg in race.legs:
                 if leg.task is not None and not leg.task.done():
                     leg.task.cancel()
-            if info["sent"] and "outcome" not in info:  # the client went away first
-                # The first token decided the race, whenever the client left after it
-                # (a client that closes on [DONE] can beat the tally): "cancelled" only
-                # when no leg had claimed it.
-                outcome = _race_outcome(race)
-                info["outcome"] = outcome
-                self.ctx.metrics.hedges.labels(outcome).inc()
+            if info["sent"] and "outcome" not in info:
+                # The client went away before the tally (one closing on [DONE] can): the
+                # first token still decided the race.
+                self._count_outcome(race, info)
             await asyncio.gather(
                 *(leg.task for leg in race.legs if leg.task is not None), return_exceptions=True
             )
@@ -382,8 +371,16 @@ class Hedger:
         first_token = record.timings.get("first_token")
         if state.cls is not None and first_token is not None and winner is not None:
             self.delays.observe(state.cls, first_token)
-        if not info["sent"]:
-            return
-        outcome = _race_outcome(race)
+        if info["sent"]:
+            self._count_outcome(race, info)
+
+    def _count_outcome(self, race: _Race, info: dict[str, Any]) -> None:
+        """A sent hedge's outcome into the decision record and the metric, once: ``won``
+        (its first token came first), ``lost`` (the primary's did) or ``cancelled`` (neither
+        leg had one when the request ended)."""
+        if race.winner is None:
+            outcome = "cancelled"
+        else:
+            outcome = "won" if race.winner.rank == 1 else "lost"
         info["outcome"] = outcome
         self.ctx.metrics.hedges.labels(outcome).inc()
