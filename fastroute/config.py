@@ -848,6 +848,13 @@ class ProxyConfig(_Section):
         prefill: in the simulator a 1 s period kept about 60 % of what 0.25 s recovers,
         0.1 s another 0.5 %; docs/fleet-benchmark.md "Several proxies"). A poll that has
         not answered within 0.8 of the period counts that peer as 0 for the round.
+    peer_key_exchange : bool
+        The peer polls also carry prefix keys (default true): each answer adds the peer's
+        own key-log entries since the last poll, and the poller appends them into its
+        host's key log, so every proxy's ``prefix-hrw`` tables count the whole
+        deployment's requests, not the ``1/proxies`` share routed here
+        (:mod:`fastroute.policy.key_exchange`; at most 1024 entries a peer per poll). Needs
+        ``peers`` and ``key_log_entries > 0``; false: queues only.
     proxy_count : int
         Proxies (hosts) that share the tenants' fleet-wide limits when no controller
         divides them (or before its first table): each proxy enforces the limit divided
@@ -894,6 +901,7 @@ class ProxyConfig(_Section):
         msgspec.Meta(max_length=64),
     ] = ()
     peer_poll_interval_s: Annotated[float, msgspec.Meta(ge=0.01, le=60)] = 0.25
+    peer_key_exchange: bool = True
     proxy_count: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
 
     def __post_init__(self) -> None:

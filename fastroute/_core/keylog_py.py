@@ -17,8 +17,9 @@ workers, :mod:`fastroute.tables.key_log`, or a ``bytearray`` in the simulator):
   reserved words;
 - ``capacity`` entries of :data:`ENTRY_WORDS` words: ``seq`` (the entry's position + 1
   once published, 0 while it is written), ``meta`` (writer id in bits 0-31, channel in
-  32-39, key count in 40-47, count the share table observes in 48-55), then up to
-  :data:`~fastroute._core.prefix_py.MAX_DEPTH_KEYS` key hashes.
+  32-39, key count in 40-47, count the share table observes in 48-55, bit 56
+  :data:`IMPORTED`), then up to :data:`~fastroute._core.prefix_py.MAX_DEPTH_KEYS` key
+  hashes.
 
 Publish: ``position = head++`` (atomic); ``seq = 0``; fence; meta and keys;
 ``seq = position + 1`` (release). Drain, from the reader's next position to ``head``:
@@ -34,6 +35,12 @@ tables with the host's recent requests instead of deciding cold.
 
 Channels keep apart the policy instances of one worker that route different traffic
 (the proxy's own, and a disaggregated pool's prefill and decode pickers).
+
+Across proxies (``fastroute.policy.key_exchange``): :meth:`KeyLog.export` reads the
+host's own entries from a position on, and the proxy polling a peer appends what it
+read into its own host's log with :meth:`KeyLog.publish_imported`, which marks them
+:data:`IMPORTED`. Imported entries are observed like any other but never exported
+again, so with any number of proxies each entry reaches every other host once.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from fastroute._core.shm_py import AtomicBuffer
 __all__ = [
     "ENTRY_WORDS",
     "HEADER_WORDS",
+    "IMPORTED",
     "KEY_LOG_MAGIC",
     "KEY_LOG_VERSION",
     "MAX_CHANNEL",
@@ -63,6 +71,8 @@ HEADER_WORDS = 8
 ENTRY_WORDS = 2 + MAX_DEPTH_KEYS
 #: Channels are 8 bits of an entry's meta word.
 MAX_CHANNEL = 255
+#: Meta bit of an entry another proxy's log held first (not exported again).
+IMPORTED = 1 << 56
 _CAPACITY_AT, _ENTRY_WORDS_AT, _HEAD_AT = 16, 24, 32
 _MASK32 = 0xFFFFFFFF
 
@@ -153,6 +163,16 @@ class KeyLog:
     def publish(self, keys: list[int], n_observe: int) -> None:
         """Append one routed request's ``keys`` (at most ``MAX_DEPTH_KEYS``), of which the
         first ``n_observe`` count in the share table."""
+        self._append(keys, n_observe, self.channel, 0)
+
+    def publish_imported(self, keys: list[int], n_observe: int, channel: int) -> None:
+        """Append an entry another proxy's log exported (:meth:`export`), on ``channel``
+        (0-255) and marked :data:`IMPORTED`."""
+        if not 0 <= channel <= MAX_CHANNEL:
+            raise ValueError(f"channel must be 0-{MAX_CHANNEL}, got {channel}")
+        self._append(keys, n_observe, channel, IMPORTED)
+
+    def _append(self, keys: list[int], n_observe: int, channel: int, flags: int) -> None:
         atomic = self._atomic
         n_keys = min(len(keys), MAX_DEPTH_KEYS)
         n_observe = max(0, min(n_observe, n_keys))
@@ -164,38 +184,70 @@ class KeyLog:
         at = self._entry_at(position)
         atomic.store_u64(at, 0)
         atomic.fence()
-        meta = self.writer_id | self.channel << 32 | n_keys << 40 | n_observe << 48
+        meta = self.writer_id | channel << 32 | n_keys << 40 | n_observe << 48 | flags
         atomic.store_u64(at + 8, meta)
         for j in range(n_keys):
             atomic.store_u64(at + 16 + 8 * j, keys[j])
         atomic.store_u64(at, position + 1)
 
+    def _read(self, position: int) -> tuple[int, list[int]] | None:
+        """The entry at ``position`` as (meta, keys); None if it is being written or was
+        overwritten (counted ``lost``)."""
+        atomic = self._atomic
+        at = self._entry_at(position)
+        seq = atomic.load_u64(at)
+        meta = atomic.load_u64(at + 8)
+        n_keys = (meta >> 40) & 0xFF
+        keys = [atomic.load_u64(at + 16 + 8 * j) for j in range(min(n_keys, MAX_DEPTH_KEYS))]
+        atomic.fence()
+        if seq != position + 1 or atomic.load_u64(at) != seq:
+            self.lost += 1
+            return None
+        return meta, keys
+
     def drain(self, hot: HotKeys, seen: HotKeys) -> int:
         """Observe the other writers' entries of this channel published since the last
         drain into ``hot`` and ``seen``; return how many were observed."""
-        atomic = self._atomic
-        head = atomic.load_i64(_HEAD_AT)
+        head = self._atomic.load_i64(_HEAD_AT)
         position, observed = self._next, 0
         if head - position > self.capacity:
             self.lost += head - self.capacity - position
             position = head - self.capacity
         while position < head:
-            at = self._entry_at(position)
-            seq = atomic.load_u64(at)
-            meta = atomic.load_u64(at + 8)
-            n_keys = (meta >> 40) & 0xFF
-            keys = [atomic.load_u64(at + 16 + 8 * j) for j in range(min(n_keys, MAX_DEPTH_KEYS))]
-            atomic.fence()
-            if seq != position + 1 or atomic.load_u64(at) != seq:
-                self.lost += 1
-            elif meta & _MASK32 != self.writer_id and (meta >> 32) & 0xFF == self.channel:
-                hot.observe(keys[: (meta >> 48) & 0xFF], 1.0)
-                seen.observe(keys, 1.0)
-                observed += 1
+            entry = self._read(position)
+            if entry is not None:
+                meta, keys = entry
+                if meta & _MASK32 != self.writer_id and (meta >> 32) & 0xFF == self.channel:
+                    hot.observe(keys[: (meta >> 48) & 0xFF], 1.0)
+                    seen.observe(keys, 1.0)
+                    observed += 1
             position += 1
         self._next = position
         self.observed += observed
         return observed
+
+    def export(self, since: int, max_entries: int) -> tuple[int, list[tuple[int, int, list[int]]]]:
+        """The host's own entries (every channel, not :data:`IMPORTED`) at positions from
+        ``since``, at most ``max_entries`` positions read.
+
+        A ``since`` outside the entries the log holds (-1 on a first call; a log
+        recreated since; more than ``capacity`` behind) starts at the oldest one held.
+        Returns the position to read from next and the entries as ``(channel,
+        n_observe, keys)``; this reader's own position and counts other than ``lost``
+        do not change.
+        """
+        head = self._atomic.load_i64(_HEAD_AT)
+        oldest = max(0, head - self.capacity)
+        position = since if oldest <= since <= head else oldest
+        stop = min(head, position + max(0, max_entries))
+        entries = []
+        while position < stop:
+            entry = self._read(position)
+            if entry is not None and not entry[0] & IMPORTED:
+                meta, keys = entry
+                entries.append(((meta >> 32) & 0xFF, (meta >> 48) & 0xFF, keys))
+            position += 1
+        return stop, entries
 
     def release(self) -> None:
         """Release the buffer (so that its mmap can be closed)."""

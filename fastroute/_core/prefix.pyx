@@ -25,6 +25,7 @@ import xxhash
 from fastroute._core.keylog_py import (
     ENTRY_WORDS,
     HEADER_WORDS,
+    IMPORTED,
     KEY_LOG_MAGIC,
     KEY_LOG_VERSION,
     MAX_CHANNEL,
@@ -53,6 +54,7 @@ cdef object _xxh3 = xxhash.xxh3_64_intdigest
 cdef double _leave_ratio = HOT_LEAVE_RATIO
 cdef Py_ssize_t _max_candidates = MAX_CANDIDATES
 cdef Py_ssize_t _all_keys = 1 << 30
+cdef uint64_t _imported = IMPORTED
 
 
 cdef struct Slot:
@@ -290,6 +292,10 @@ cdef class KeyLog:
 
     cdef int _publish(self, const uint64_t* keys, Py_ssize_t n_keys,
                       Py_ssize_t n_observe) except -1:
+        return self._append(keys, n_keys, n_observe, self.channel, 0)
+
+    cdef int _append(self, const uint64_t* keys, Py_ssize_t n_keys, Py_ssize_t n_observe,
+                     uint64_t channel, uint64_t flags) except -1:
         if self._words == NULL:
             raise ValueError("KeyLog has been released")
         if n_keys > _KEYS_CAP:
@@ -300,36 +306,45 @@ cdef class KeyLog:
         cdef Py_ssize_t j
         fr_store_release_u64(&entry[0], 0)
         fr_fence()
-        fr_store_release_u64(&entry[1], <uint64_t>self.writer_id | (<uint64_t>self.channel << 32)
-                             | (<uint64_t>n_keys << 40) | (<uint64_t>n_observe << 48))
+        fr_store_release_u64(&entry[1], <uint64_t>self.writer_id | (channel << 32)
+                             | (<uint64_t>n_keys << 40) | (<uint64_t>n_observe << 48) | flags)
         for j in range(n_keys):
             fr_store_release_u64(&entry[2 + j], keys[j])
         fr_store_release_u64(&entry[0], <uint64_t>(position + 1))
         return 0
+
+    cdef bint _read(self, int64_t position, uint64_t* meta, uint64_t* keys,
+                    Py_ssize_t* n_keys) noexcept nogil:
+        # The entry at position into meta/keys; false (counted lost) if it is being
+        # written or was overwritten.
+        cdef uint64_t* entry = self._entry(position)
+        cdef uint64_t seq = fr_load_acquire_u64(&entry[0])
+        cdef Py_ssize_t j
+        meta[0] = fr_load_acquire_u64(&entry[1])
+        n_keys[0] = min(<Py_ssize_t>((meta[0] >> 40) & 0xFF), <Py_ssize_t>_KEYS_CAP)
+        for j in range(n_keys[0]):
+            keys[j] = fr_load_acquire_u64(&entry[2 + j])
+        fr_fence()
+        if seq != <uint64_t>(position + 1) or fr_load_acquire_u64(&entry[0]) != seq:
+            self.lost += 1
+            return False
+        return True
 
     cdef Py_ssize_t _drain(self, HotKeys hot, HotKeys seen) except -1:
         if self._words == NULL:
             raise ValueError("KeyLog has been released")
         cdef int64_t head = <int64_t>fr_load_acquire_u64(&self._words[_HEAD_WORD])
         cdef int64_t position = self._next
-        cdef Py_ssize_t observed = 0, n_keys, j
-        cdef uint64_t seq, meta
-        cdef uint64_t* entry
+        cdef Py_ssize_t observed = 0, n_keys
+        cdef uint64_t meta
         cdef uint64_t keys[_KEYS_CAP]
         if head - position > self.capacity:
             self.lost += head - self.capacity - position
             position = head - self.capacity
         while position < head:
-            entry = self._entry(position)
-            seq = fr_load_acquire_u64(&entry[0])
-            meta = fr_load_acquire_u64(&entry[1])
-            n_keys = min(<Py_ssize_t>((meta >> 40) & 0xFF), <Py_ssize_t>_KEYS_CAP)
-            for j in range(n_keys):
-                keys[j] = fr_load_acquire_u64(&entry[2 + j])
-            fr_fence()
-            if seq != <uint64_t>(position + 1) or fr_load_acquire_u64(&entry[0]) != seq:
-                self.lost += 1
-            elif (meta & _mask32) != self.writer_id and ((meta >> 32) & 0xFF) == self.channel:
+            if (self._read(position, &meta, keys, &n_keys)
+                    and (meta & _mask32) != self.writer_id
+                    and ((meta >> 32) & 0xFF) == self.channel):
                 hot._observe(keys, <Py_ssize_t>((meta >> 48) & 0xFF), 1.0)
                 seen._observe(keys, n_keys, 1.0)
                 observed += 1
@@ -346,9 +361,39 @@ cdef class KeyLog:
             buf[j] = keys[j]
         self._publish(buf, n, n_observe)
 
+    def publish_imported(self, keys, Py_ssize_t n_observe, int channel):
+        """Append an entry another proxy's log exported, marked imported (see the spec)."""
+        if not 0 <= channel <= MAX_CHANNEL:
+            raise ValueError(f"channel must be 0-{MAX_CHANNEL}, got {channel}")
+        cdef uint64_t buf[_KEYS_CAP]
+        cdef Py_ssize_t j, n = min(len(keys), <Py_ssize_t>_KEYS_CAP)
+        for j in range(n):
+            buf[j] = keys[j]
+        self._append(buf, n, n_observe, <uint64_t>channel, _imported)
+
     def drain(self, HotKeys hot, HotKeys seen):
         """Observe the other writers' new entries of this channel (see the spec)."""
         return self._drain(hot, seen)
+
+    def export(self, int64_t since, int64_t max_entries):
+        """The host's own entries from ``since``: (next position, [(channel, n_observe,
+        keys)]) (see the spec)."""
+        if self._words == NULL:
+            raise ValueError("KeyLog has been released")
+        cdef int64_t head = <int64_t>fr_load_acquire_u64(&self._words[_HEAD_WORD])
+        cdef int64_t oldest = head - self.capacity if head > self.capacity else 0
+        cdef int64_t position = since if oldest <= since <= head else oldest
+        cdef int64_t stop = min(head, position + max(<int64_t>0, max_entries))
+        cdef uint64_t meta
+        cdef uint64_t keys[_KEYS_CAP]
+        cdef Py_ssize_t n_keys, j
+        entries = []
+        while position < stop:
+            if self._read(position, &meta, keys, &n_keys) and not meta & _imported:
+                entries.append((<int>((meta >> 32) & 0xFF), <int>((meta >> 48) & 0xFF),
+                                [keys[j] for j in range(n_keys)]))
+            position += 1
+        return stop, entries
 
 
 cdef struct RequestKeys:

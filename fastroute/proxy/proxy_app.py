@@ -46,6 +46,7 @@ from fastroute.errors import TableError
 from fastroute.guards.admission import QueueDelayGuard
 from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import PolicyConfigError
+from fastroute.policy.key_exchange import KeyExchange
 from fastroute.proxy.admin_engines import FleetAdmin, is_admin_engines_path
 from fastroute.proxy.background.signal_tasks import SignalTasks, install_signal_tasks
 from fastroute.proxy.background.start_table import StartTable
@@ -207,7 +208,8 @@ def _share_key_log(
     """Give every policy instance of ``ctx`` the host's key log (``{stats_name}.keys``,
     created by the supervisor; the previous context's on a reload), one channel per
     instance in a fixed order so that the workers' instances of one policy meet on one
-    channel; None without a log (``proxy.key_log_entries = 0``, or no supervisor)."""
+    channel, and ``ctx.key_exchange`` its end of the peers' exchange (the channels'
+    labels); None without a log (``proxy.key_log_entries = 0``, or no supervisor)."""
     segment = previous.key_log if previous is not None else None
     if not ctx.config.proxy.key_log_entries:
         segment = None  # switched off by a reload: the old mapping goes with the old context
@@ -218,13 +220,17 @@ def _share_key_log(
             logger.warning("no shared key log (%s): prefix tables are per worker", exc)
     logs = []
     if segment is not None:
-        instances = list(ctx.policies.values())
+        instances = [(f"proxy:{name}", policy) for name, policy in ctx.policies.items()]
         if ctx.pd is not None:
-            instances += [*ctx.pd.prefill_policies.values(), *ctx.pd.decode_policies.values()]
-        for channel, policy in enumerate(instances[: MAX_CHANNEL + 1]):
+            instances += [(f"prefill:{n}", p) for n, p in ctx.pd.prefill_policies.items()]
+            instances += [(f"decode:{n}", p) for n, p in ctx.pd.decode_policies.items()]
+        instances = instances[: MAX_CHANNEL + 1]
+        for channel, (_, policy) in enumerate(instances):
             log = policy.attach_key_log(segment.buffer, secrets.randbits(32), channel, segment.fd)
             if log is not None:
                 logs.append(log)
+        labels = [label for label, _ in instances]
+        ctx.key_exchange = KeyExchange(segment.buffer, labels, segment.fd)
     ctx.metrics.use_key_logs(logs)
     return segment
 

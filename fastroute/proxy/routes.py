@@ -43,7 +43,10 @@ The engine endpoints (``/tokenize``, ``/pooling``, ``/score``, ``/rerank``, ``/c
     ``{"engines": {name: tokens}}``: the prompt tokens this host's attempts (every worker's)
     have queued on each engine, engines with none left out; same access rule. The other
     proxies of the deployment poll it (``proxy.peers``,
-    :mod:`fastroute.proxy.background.peer_queues`). Their own queues are not in it.
+    :mod:`fastroute.proxy.background.peer_queues`). Their own queues are not in it. With
+    ``X-Fastroute-Key-Log-Since: <position>`` it adds ``key_log``, the host's own key-log
+    entries from that position (:mod:`fastroute.policy.key_exchange`); a position other
+    than -1 or an integer from 0 to 2**63 - 1 is a 400 ``bad_key_log_position``.
 
 Unknown routes and wrong methods get OpenAI-shaped 404/405 errors.
 """
@@ -60,6 +63,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from fastroute.policy.key_exchange import SINCE_HEADER
 from fastroute.proxy.background.models_scrape import ModelCard, models_body
 from fastroute.proxy.http.openai_errors import error_reply
 from fastroute.proxy.http.reply import Reply
@@ -164,7 +168,7 @@ def get_reply(
     if not _admin_allowed(ctx, headers, remote):
         return _forbidden()
     if path == QUEUE_PATH:
-        return _json_reply({"engines": queued_by_engine(ctx)})
+        return _queue_reply(ctx, headers)
     return _decision_reply(ctx, path[len(_DECISIONS_PREFIX) :])
 
 
@@ -241,6 +245,29 @@ def queued_by_engine(ctx: ProxyContext) -> dict[str, int]:
     fleet = ctx.fleet
     queued = fleet.stats.own_queued_tokens()
     return {fleet.names[i]: int(queued[i]) for i in np.flatnonzero(queued > 0)}
+
+
+def _queue_reply(ctx: ProxyContext, headers: Mapping[str, str]) -> Reply:
+    """``GET /admin/queue``: this host's queued prompt tokens per engine and, when the
+    poller names a position in :data:`~fastroute.policy.key_exchange.SINCE_HEADER`, its
+    key log's own entries from there (``key_log``; absent without a log)."""
+    body: dict[str, object] = {"engines": queued_by_engine(ctx)}
+    since = headers.get(SINCE_HEADER)
+    if since is not None:
+        try:
+            position = int(since)
+        except ValueError:
+            position = -2
+        if not -1 <= position < 1 << 63:
+            return error_reply(
+                400,
+                f"{SINCE_HEADER} must be a key-log position (-1 or an integer from 0 to "
+                f"2**63 - 1), got {since[:64]!r}.",
+                code="bad_key_log_position",
+            )
+        if ctx.key_exchange is not None:
+            body["key_log"] = ctx.key_exchange.export(position)
+    return _json_reply(body)
 
 
 def _decision_reply(ctx: ProxyContext, rid: str) -> Reply:

@@ -540,13 +540,19 @@ class Simulator:
         self.proxy_loads: list[tuple[str, ProxyLoads]] = []
         self.proxies_by_region: dict[str, list[list[DataPlane]]] = {}
         n_e = len(self.engines)
+        exchange = (
+            cfg.peer_key_exchange
+            and cfg.peer_poll_interval_s > 0
+            and cfg.proxies * len(self.regions) > 1
+        )
         for r in self.regions:
             proxies = self.proxies_by_region[r] = []
             for _ in range(cfg.proxies):
                 shared = ProxyLoads(
                     n_e,
                     peers=cfg.peer_poll_interval_s > 0,
-                    key_log_entries=cfg.key_log_entries if cfg.workers > 1 else 0,
+                    key_log_entries=cfg.key_log_entries if cfg.workers > 1 or exchange else 0,
+                    key_exchange=exchange,
                 )
                 self.proxy_loads.append((r, shared))
                 workers = []

@@ -23,6 +23,7 @@ from fastroute.guards.outlier import OutlierDetector
 from fastroute.guards.retry_budget import RetryBudget
 from fastroute.hardware import HardwareProfile
 from fastroute.policy import PairSelector, Policy, RouteRequest, make_policy
+from fastroute.policy.key_exchange import KeyExchange
 from fastroute.policy.marginal import (
     EngineState,
     MarginalCost,
@@ -208,7 +209,8 @@ class ProxyLoads:
     in-flight requests, tokens and queued prompt tokens per engine; and, when the proxies
     poll each other (``dataplane.peer_poll_interval_s``), the other proxies' queued prompt
     tokens as of this proxy's last poll (the proxy's ``EngineStats.peer_queued``); and
-    the key log its workers' policies share (the proxy's ``{stats}.keys`` segment).
+    the key log its workers' policies share (the proxy's ``{stats}.keys`` segment), into
+    which each poll appends the other proxies' own entries when they exchange keys.
 
     Parameters
     ----------
@@ -217,23 +219,42 @@ class ProxyLoads:
         Keep ``peer_queued`` (else None: this proxy sees its own queue only).
     key_log_entries : int
         Entries of the shared key log; 0: none (``key_log`` is None).
+    key_exchange : bool
+        Polls exchange key-log entries (needs ``key_log_entries``).
     """
 
-    def __init__(self, n_engines: int, peers: bool = False, key_log_entries: int = 0) -> None:
+    def __init__(
+        self,
+        n_engines: int,
+        peers: bool = False,
+        key_log_entries: int = 0,
+        key_exchange: bool = False,
+    ) -> None:
         self.in_flight = np.zeros(n_engines, dtype=np.int64)
         self.tokens = np.zeros(n_engines, dtype=np.int64)
         self.queued_tokens = np.zeros(n_engines, dtype=np.int64)
         self.peer_queued = np.zeros(n_engines, dtype=np.int64) if peers else None
         self.key_log: bytearray | None = None
+        self.exchange: KeyExchange | None = None
+        self._key_cursors: dict[int, int] = {}
         if key_log_entries:
             self.key_log = private_key_log(key_log_entries)
+            if key_exchange:  # one channel: the simulator's proxies run one policy
+                self.exchange = KeyExchange(self.key_log, ("proxy:sim",))
 
     def polled(self, others: list[ProxyLoads]) -> None:
-        """A poll round: the other proxies' queued prompt tokens, now."""
+        """A poll round: the other proxies' queued prompt tokens, now, and their own
+        key-log entries since the last round."""
         if self.peer_queued is not None:
             self.peer_queued[:] = 0
             for other in others:
                 self.peer_queued += other.queued_tokens
+        if self.exchange is not None:
+            for other in others:
+                if other.exchange is not None:
+                    export = other.exchange.export(self._key_cursors.get(id(other), -1))
+                    self.exchange.absorb(export)
+                    self._key_cursors[id(other)] = export.next
 
 
 class DataPlane:

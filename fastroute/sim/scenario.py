@@ -244,7 +244,12 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
         The key log the workers of one proxy share (the proxy's ``proxy.key_log_entries``,
         :mod:`fastroute.tables.key_log`): every worker's ``prefix-hrw`` tables count the
         proxy's routed requests, not only its own. 0: each worker counts its own. Default
-        4096, as the proxy's; used when ``workers > 1``.
+        4096, as the proxy's; used when ``workers > 1`` or the proxies exchange keys.
+    peer_key_exchange : bool
+        The peer polls carry each proxy's own key-log entries into the others' logs (the
+        proxy's ``proxy.peer_key_exchange``, :mod:`fastroute.policy.key_exchange`):
+        default true; with ``peer_poll_interval_s > 0``, ``key_log_entries > 0`` and more
+        than one proxy.
     """
 
     policy: str = DEFAULT_POLICY
@@ -270,6 +275,7 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     load_view: Literal["local", "global-stale"] = "local"
     peer_poll_interval_s: float = 0.0
     key_log_entries: int = 4096
+    peer_key_exchange: bool = True
     hedge: bool = False
     hedge_quantile: float = 0.95
     hedge_floor_s: float = 0.05

@@ -127,6 +127,40 @@ def test_keys_past_the_entry_are_dropped(impl: tuple[type, type, type]) -> None:
     assert len(seen) == len(hot) == ENTRY_WORDS - 2
 
 
+def test_export_reads_the_hosts_own_entries_from_a_position(
+    impl: tuple[type, type, type],
+) -> None:
+    log_cls = impl[0]
+    buf = _log(16)
+    a, b = log_cls(buf, 1, 0), log_cls(buf, 2, 3)
+    a.publish([11, 12], 1)
+    b.publish([21], 1)
+    a.publish_imported([31, 32, 33], 2, 7)  # came from another proxy: never re-exported
+    a.publish([41], 0)
+    assert a.export(-1, 100) == (4, [(0, 1, [11, 12]), (3, 1, [21]), (0, 0, [41])])
+    assert a.export(1, 2) == (3, [(3, 1, [21])])  # max_entries counts positions read
+    assert a.export(4, 100) == (4, [])  # nothing new
+    assert a.export(9, 100)[0] == 4  # ahead of head: the log was recreated, start over
+    for i in range(20):
+        a.publish([100 + i], 1)
+    next_position, entries = a.export(2, 100)  # lapped: from the oldest entry held
+    assert next_position == 24 and [k for _, _, k in entries][0] == [104]
+    assert a.observed == 0 and a.position == 0  # export is no drain
+
+
+def test_imported_entries_are_observed_on_their_channel(impl: tuple[type, type, type]) -> None:
+    log_cls, hot_cls, _ = impl
+    buf = _log()
+    importer, reader = log_cls(buf, 5, 0), log_cls(buf, 6, 2)
+    importer.publish_imported([1, 2, 3], 1, 2)
+    importer.publish_imported([9], 1, 0)  # another channel
+    hot, seen = _tables(hot_cls)
+    assert reader.drain(hot, seen) == 1
+    assert hot.share(1) == 1.0 and hot.share(2) == 0.0 and seen.share(3) == 1.0
+    with pytest.raises(ValueError, match="channel"):
+        importer.publish_imported([1], 1, 256)
+
+
 # Defined only when the extension is built, so the pure-Python run has nothing to skip.
 if "cy" in LOGS:
 
@@ -143,6 +177,16 @@ if "cy" in LOGS:
         assert bytes(buf[: 8 * HEADER_WORDS]) == bytes(_log(64)[:32]) + (2).to_bytes(
             8, "little"
         ) + bytes(24)
+
+    def test_both_implementations_export_and_import_alike() -> None:
+        buf = _log(16)
+        py, cy = _core.KeyLogPy(buf, 1, 0), _core.KeyLogC(buf, 2, 1)
+        for i in range(24):
+            (py if i % 3 else cy).publish([i, i + 1000], i % 3)
+            if i % 5 == 0:
+                (cy if i % 2 else py).publish_imported([7 * i], 1, i % 4)
+        for since, max_entries in ((-1, 100), (0, 5), (12, 3), (29, 100), (40, 1), (31, 0)):
+            assert py.export(since, max_entries) == cy.export(since, max_entries)
 
     def test_pickers_sharing_a_log_decide_as_the_spec() -> None:
         """Two workers' pickers over one log, compiled and spec side by side: every

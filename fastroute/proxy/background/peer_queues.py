@@ -26,9 +26,16 @@ that fails or does not answer within 0.8 of the period counts 0 for that round (
 proxy queues nothing; its last numbers would only grow stale), and is logged once per
 distinct error.
 
+The same poll carries the peers' prefix keys (``proxy.peer_key_exchange``, on by default;
+:mod:`fastroute.policy.key_exchange`): the request names, per peer, the position read so
+far in the peer's key log, the answer adds the peer's own entries from there, and the
+poller appends them into its host's log, where every worker's ``prefix-hrw`` tables
+observe them. A failed poll keeps the position, so the next one resumes there.
+
 Cost: ``peers / interval`` small GETs per host and as many answered (1 peer at 0.25 s: 4
-each way per second), each answer listing only the engines with a queue; nothing on the
-request path (the queued-token counter it reads already holds the sum).
+each way per second), each answer listing only the engines with a queue and the peer's
+key-log entries since the last poll; nothing on the request path (the queued-token counter
+it reads already holds the sum).
 
 Exported on ``/metrics``:
 
@@ -37,6 +44,11 @@ Exported on ``/metrics``:
 ``fastroute_proxy_peer_queued_tokens``             gauge    prompt tokens the peers queued,
                                                             all engines, last round
 ``fastroute_proxy_peer_poller_active``             gauge    1: this worker polls for the host
+``fastroute_proxy_peer_key_entries_total``         counter  peer, outcome: ``imported``
+                                                            into the host's key log,
+                                                            ``dropped`` (a channel label
+                                                            this host lacks, a key past
+                                                            64 bits)
 =================================================  =======  ==============================
 """
 
@@ -53,6 +65,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from fastroute.errors import TableLockedError
+from fastroute.policy.key_exchange import SINCE_HEADER, KeyExchange, KeyLogExport
 from fastroute.proxy.http import http1
 from fastroute.proxy.path.fleet import Fleet
 from fastroute.proxy.routes import QUEUE_PATH
@@ -64,12 +77,14 @@ logger = logging.getLogger(__name__)
 
 #: A poll must answer within this fraction of the period (polls never overlap).
 POLL_TIMEOUT_FRACTION = 0.8
-#: Largest answer read from a peer, bytes (about 20,000 engines with a queue).
-MAX_ANSWER_BYTES = 1 << 20
+#: Largest answer read from a peer, bytes: 1 MB of queues (about 20,000 engines with one)
+#: and a full key-log share with 64 keys an entry (about 1.4 MB; 0.1-0.3 MB for real prompts).
+MAX_ANSWER_BYTES = 3 << 20
 
 
 class _Answer(msgspec.Struct):
     engines: dict[str, int]
+    key_log: KeyLogExport | None = None
 
 
 _decode = msgspec.json.Decoder(_Answer).decode
@@ -85,6 +100,10 @@ class _Peer:
         self.ok_total = 0
         self.failed_total = 0
         self.last_error: str | None = None
+        #: Position read so far in the peer's key log (-1: its last ``capacity`` entries).
+        self.key_cursor = -1
+        self.keys_imported_total = 0
+        self.keys_dropped_total = 0
 
     def connection_pool(self) -> http1.HostPool:
         if self.pool is None:
@@ -105,6 +124,10 @@ class PeerQueues:
         Poll period, seconds.
     admin_token : str, optional
         Sent as ``Authorization: Bearer`` (the peers' admin rule).
+    key_exchange : callable, optional
+        Returns the worker's :class:`~fastroute.policy.key_exchange.KeyExchange` in force,
+        or None (no key log): the peers' key-log entries are then not asked for. Omitted:
+        queues only.
 
     Attributes
     ----------
@@ -121,6 +144,7 @@ class PeerQueues:
         *,
         interval_s: float = 0.25,
         admin_token: str | None = None,
+        key_exchange: Callable[[], KeyExchange | None] | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
@@ -129,6 +153,7 @@ class PeerQueues:
         self.interval_s = interval_s
         self.timeout_s = POLL_TIMEOUT_FRACTION * interval_s
         self._headers = [("Authorization", f"Bearer {admin_token}")] if admin_token else []
+        self.key_exchange = key_exchange or (lambda: None)
         self.rounds_total = 0
         self.active = False
         self._lock: WriterLock | None = None
@@ -193,14 +218,19 @@ class PeerQueues:
         self.rounds_total += 1
 
     async def _poll(self, peer: _Peer) -> dict[str, int]:
-        """One peer's answer; empty (and counted as failed) on any error."""
+        """One peer's queues (its key-log entries go into the host's log); empty (and
+        counted as failed) on any error."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
+        exchange = self.key_exchange()
+        headers = self._headers
+        if exchange is not None:
+            headers = [*headers, (SINCE_HEADER, str(peer.key_cursor))]
         try:
             resp = await peer.connection_pool().request(
                 QUEUE_PATH,
                 b"",
-                self._headers,
+                headers,
                 deadline=deadline,
                 connect_timeout_s=self.timeout_s,
                 method="GET",
@@ -215,7 +245,7 @@ class PeerQueues:
                 resp.close()
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}")
-            engines = _decode(bytes(body)).engines
+            answer = _decode(bytes(body))
         except (http1.HTTP1Error, OSError, ValueError, msgspec.DecodeError) as exc:
             peer.failed_total += 1
             text = f"{type(exc).__name__}: {exc}"
@@ -225,7 +255,12 @@ class PeerQueues:
             return {}
         peer.ok_total += 1
         peer.last_error = None
-        return engines
+        if exchange is not None and answer.key_log is not None:
+            imported = exchange.absorb(answer.key_log)
+            peer.keys_imported_total += imported
+            peer.keys_dropped_total += len(answer.key_log.entries) - imported
+            peer.key_cursor = answer.key_log.next
+        return answer.engines
 
     async def run(self) -> None:
         """Poll every ``interval_s`` until cancelled."""
@@ -246,22 +281,40 @@ class PeerQueuesCollector(Collector):
         self.poller = poller
 
     def collect(self) -> Iterator[Metric]:
-        polls = CounterMetricFamily(
+        peers = self.poller.peers
+        yield _per_peer(
             "fastroute_proxy_peer_polls",
             "Polls of the other proxies' queued prompt tokens (proxy.peers).",
-            labels=["peer", "outcome"],
+            {"ok": [p.ok_total for p in peers], "failed": [p.failed_total for p in peers]},
+            peers,
         )
-        for peer in self.poller.peers:
-            polls.add_metric([peer.url, "ok"], peer.ok_total)
-            polls.add_metric([peer.url, "failed"], peer.failed_total)
-        yield polls
         yield GaugeMetricFamily(
             "fastroute_proxy_peer_queued_tokens",
             "Prompt tokens the other proxies had queued on this fleet's engines, last round.",
             value=self.poller.queued_tokens_total(),
+        )
+        yield _per_peer(
+            "fastroute_proxy_peer_key_entries",
+            "Key-log entries of the other proxies this host's poller received.",
+            {
+                "imported": [p.keys_imported_total for p in peers],
+                "dropped": [p.keys_dropped_total for p in peers],
+            },
+            peers,
         )
         yield GaugeMetricFamily(
             "fastroute_proxy_peer_poller_active",
             "1 if this worker polls the other proxies for its host (holds the host's lock).",
             value=1.0 if self.poller.active else 0.0,
         )
+
+
+def _per_peer(
+    name: str, documentation: str, by_outcome: dict[str, list[int]], peers: list[_Peer]
+) -> CounterMetricFamily:
+    """A counter labelled by peer and outcome: ``by_outcome[outcome][i]`` is peer i's."""
+    family = CounterMetricFamily(name, documentation, labels=["peer", "outcome"])
+    for i, peer in enumerate(peers):
+        for outcome, values in by_outcome.items():
+            family.add_metric([peer.url, outcome], values[i])
+    return family

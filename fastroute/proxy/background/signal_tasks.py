@@ -384,11 +384,13 @@ def install_signal_tasks(
     if tasks.scraper is not None:
         attach_scraper(ctx, tasks.scraper)  # the marginal-cost engine load merges scrapes
     if proxy.peers:
+        context = current_context or (lambda: ctx)
         tasks.peers = PeerQueues(
             proxy.peers,
-            lambda: (current_context() if current_context else ctx).fleet,
+            lambda: context().fleet,
             interval_s=proxy.peer_poll_interval_s,
             admin_token=proxy.admin_token,
+            key_exchange=(lambda: context().key_exchange) if proxy.peer_key_exchange else None,
         )
         ctx.metrics.registry.register(PeerQueuesCollector(tasks.peers))
     if tasks.puller is not None or tasks.reporter is not None or tasks.scraper is not None:

@@ -45,6 +45,7 @@ from fastroute.config import ClassConfig, Config
 from fastroute.guards.admission import should_shed
 from fastroute.guards.retry_budget import RetryBudget
 from fastroute.policy import Policy, make_policy
+from fastroute.policy.key_exchange import KeyExchange
 from fastroute.proxy.http.openai_errors import error_reply
 from fastroute.proxy.http.reply import Reply, Sink
 from fastroute.proxy.http.upstream import UpstreamPool
@@ -159,6 +160,9 @@ class ProxyContext:
     key_log : KeyLogSegment or None
         The host's prefix-key log (``{stats_name}.keys``) the policies share with the
         other workers; None: each policy instance learns from this worker's requests only.
+    key_exchange : KeyExchange or None
+        This worker's end of the key exchange with the other proxies over that log
+        (:mod:`fastroute.policy.key_exchange`); None without a log.
     """
 
     config: Config
@@ -177,6 +181,7 @@ class ProxyContext:
     tracer: Any = NO_TRACING
     tenants: TenantLimiter | None = None
     key_log: KeyLogSegment | None = None
+    key_exchange: KeyExchange | None = None
     ready: bool = False
     draining: bool = False
 

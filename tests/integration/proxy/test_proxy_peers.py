@@ -8,12 +8,14 @@ engine's queue, which ``prefix-hrw`` decides on.
 from __future__ import annotations
 
 import aiohttp
+import msgspec
 import numpy as np
 import pytest
 from proxy_harness import MODEL, SHORT_OUTPUTS, Harness, config_toml, serve_proxy, wait_until
 
 from fastroute.config import decode_config
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
+from fastroute.policy.key_exchange import SINCE_HEADER
 
 pytestmark = pytest.mark.integration
 
@@ -120,5 +122,12 @@ def test_the_queue_endpoint_follows_the_admin_rule(h: Harness) -> None:
                 auth = {"Authorization": f"Bearer {token}"}
                 assert get_reply(ctx, "/admin/queue", auth, far).status == 200
                 assert get_reply(ctx, "/admin/queue", {}, "127.0.0.1").status == 200
+                # A key-log position that is not one: a specific 400. Without a key log (no
+                # supervisor here) a valid one is answered with the queues alone.
+                for since in ("soon", "-2", str(1 << 63)):
+                    bad = get_reply(ctx, "/admin/queue", {SINCE_HEADER: since}, "127.0.0.1")
+                    assert bad.status == 400 and b"bad_key_log_position" in bad.body
+                ok = get_reply(ctx, "/admin/queue", {SINCE_HEADER: "-1"}, "127.0.0.1")
+                assert ok.status == 200 and msgspec.json.decode(ok.body) == {"engines": {}}
 
     h.run(main())

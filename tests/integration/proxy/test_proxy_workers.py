@@ -78,10 +78,16 @@ def spawn(tmp_path: Path, shm: Path) -> Iterator[Any]:
     """Start ``fastroute serve`` trees; kill their process groups at teardown."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(config_text: str, workers: int = 2, stats: str | None = None) -> Proxy:
-        port = _free_port()
+    def start(
+        config_text: str,
+        workers: int = 2,
+        stats: str | None = None,
+        port: int | None = None,
+        config_name: str = "fastroute.toml",
+    ) -> Proxy:
+        port = port or _free_port()
         stats = stats or stats_name()
-        config = tmp_path / "fastroute.toml"
+        config = tmp_path / config_name  # a restart reuses it; two live trees need two
         config.write_text(_with_stats(config_text, stats))
         log = tmp_path / f"serve-{len(procs)}.log"
         with log.open("wb") as out:
@@ -460,3 +466,76 @@ def test_workers_read_each_others_routed_prefix_keys(h: Harness, spawn: Any) -> 
                 segment.close()
 
     h.run(main(), timeout=60.0)
+
+
+def test_two_proxies_pass_each_other_their_routed_prefix_keys_once(h: Harness, spawn: Any) -> None:
+    """``proxy.peers`` both ways: each proxy's poll brings the other's own key-log entries
+    into its host's log (``fastroute_proxy_peer_key_entries_total{outcome="imported"}``),
+    the same keys, and never sends back what it imported: each log ends with exactly the
+    deployment's requests, once."""
+
+    async def main() -> None:
+        async with engines(2) as fleet:
+            ports = _free_port(), _free_port()
+            urls = [f"http://127.0.0.1:{port}" for port in ports]
+
+            def config(peer: str) -> str:
+                extra = f'[proxy]\npeers = ["{peer}"]\npeer_poll_interval_s = 0.05\n'
+                return config_toml(fleet.urls).replace("[proxy]\n", extra, 1)
+
+            a = spawn(config(urls[1]), port=ports[0], config_name="a.toml")
+            b = spawn(config(urls[0]), port=ports[1], config_name="b.toml")
+            await wait_workers(h, a, 2)
+            await wait_workers(h, b, 2)
+            segments = [KeyLogSegment.attach(key_log_name(p.stats_name)) for p in (a, b)]
+            words = [memoryview(seg.buffer).cast("Q") for seg in segments]
+            document = "shared document " * 200  # 3.2 kB: depth keys down to 2 kB
+            try:
+                async with fresh_session() as s:
+                    for i, proxy in enumerate([a, a, a, b, b]):
+                        body = chat_body(f"{document} question {i}")
+                        async with s.post(proxy.url + "/v1/chat/completions", json=body) as r:
+                            assert r.status == 200, await r.text()
+                    # Each log: its own requests, then the peer's, imported.
+                    await h.wait_until(lambda: words[0][4] == words[1][4] == 5, timeout=10.0)
+                    await asyncio.sleep(0.3)  # six more polls each way: nothing echoes back
+                    assert words[0][4] == words[1][4] == 5
+                    for proxy, imported in ((a, 2.0), (b, 3.0)):  # the poller's count
+                        assert await _per_worker(h, s, proxy, _IMPORTED) == {0.0, imported}
+                assert sorted(_entry_keys(words[0])) == sorted(_entry_keys(words[1]))
+            finally:
+                for w in words:
+                    w.release()
+                for seg in segments:
+                    seg.close()
+
+    h.run(main(), timeout=60.0)
+
+
+_IMPORTED = 'fastroute_proxy_peer_key_entries_total{outcome="imported"'
+
+
+async def _per_worker(
+    h: Harness, s: aiohttp.ClientSession, proxy: Proxy, line_prefix: str
+) -> set[float]:
+    """The sample's value in each of the proxy's two workers."""
+    values: dict[int, float] = {}
+
+    async def both_workers_seen() -> bool:
+        pid, value = await metric(s, proxy.url, line_prefix)
+        values[pid] = value
+        return len(values) == 2
+
+    await h.wait_until(both_workers_seen, timeout=10.0, interval=0.02)
+    return set(values.values())
+
+
+def _entry_keys(words: memoryview) -> list[tuple[int, ...]]:
+    """The keys of every entry of a key log (its words), in log order."""
+    capacity, entry_words, head = words[2], words[3], words[4]
+    keys = []
+    for position in range(head):
+        at = 8 + (position % capacity) * entry_words
+        n_keys = (words[at + 1] >> 40) & 0xFF
+        keys.append(tuple(words[at + 2 : at + 2 + n_keys]))
+    return keys

@@ -149,6 +149,25 @@ def test_workers_of_a_proxy_count_each_others_requests_through_the_key_log():
     assert max(requests) < 0.5 * routed, counts
 
 
+def test_proxies_that_poll_each_other_count_each_others_requests_through_the_exchange():
+    """With peer polls the proxies pass each other their own key-log entries (the default
+    ``peer_key_exchange``): each proxy's tables count the deployment's requests, one worker
+    per proxy included; without the exchange, about its own half."""
+    hot_prompt = {"kind": "hot-prompt", "rate_rps": 3.0}
+    counts = {}
+    for exchange in (True, False):
+        dataplane = {"proxies": 2, "peer_poll_interval_s": 0.25, "peer_key_exchange": exchange}
+        sim = Simulator(family_scenario(hot_prompt, dataplane=dataplane), policy="prefix-hrw")
+        assert all((dp.proxy.exchange is not None) == exchange for dp in sim.dataplanes)
+        sim.run()
+        counts[exchange] = [dp.policy.hot.requests for dp in sim.dataplanes]
+    both, apart = counts[True], counts[False]
+    routed = sum(apart)  # apart, each proxy's table counts the requests it routed
+    assert routed > 50 and max(apart) < 0.7 * routed, counts
+    # Exchanged: what it routed plus what the other routed up to its last poll.
+    assert all(0.9 * routed <= n <= routed for n in both), counts
+
+
 def test_worker_assignment_is_seeded_and_deterministic():
     _, a = run("cache-aware", 4, 2, seed=3)
     _, b = run("cache-aware", 4, 2, seed=3)

@@ -1,4 +1,5 @@
-"""The peer-queue poller against stub peers: sums, names it does not know, bad answers."""
+"""The peer-queue poller against stub peers: sums, names it does not know, bad answers,
+the peers' key-log entries."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 from aiohttp import web
 
+from fastroute import _core
 from fastroute.config import decode_config
+from fastroute.policy.key_exchange import SINCE_HEADER, KeyExchange
+from fastroute.policy.prefix_hrw import private_key_log
 from fastroute.proxy.background.peer_queues import MAX_ANSWER_BYTES, PeerQueues
 from fastroute.proxy.path.fleet import Fleet
 from fastroute.tables.stats import StatsBlock
@@ -138,5 +142,55 @@ def test_one_worker_per_host_polls_and_every_worker_reads_its_figures(shm_name: 
                 assert f.stats.block is not None
                 f.stats.block.close()
             block.close()
+
+    asyncio.run(asyncio.wait_for(main(), 20.0))
+
+
+def test_the_peers_key_log_entries_go_into_the_hosts_log_from_where_the_last_poll_ended() -> None:
+    async def main() -> None:
+        asked: list[str | None] = []
+        fail_next = [False]
+
+        async def with_keys(request: web.Request) -> web.StreamResponse:
+            since = request.headers.get(SINCE_HEADER)
+            asked.append(since)
+            if fail_next[0]:
+                fail_next[0] = False
+                return web.Response(status=503)
+            start = 0 if since == "-1" else int(since or 0)
+            entries = [[0, 1, [1000 + i]] for i in range(start, start + 2)]
+            return web.json_response(
+                {"engines": {}, "key_log": [start + 2, ["proxy:prefix-hrw"], entries]}
+            )
+
+        async def without_keys(_: web.Request) -> web.StreamResponse:  # an older peer
+            return web.json_response({"engines": {"e0": 3}})
+
+        stack = contextlib.AsyncExitStack()
+        urls = await _serve(stack, [with_keys, without_keys])
+        fleet = _fleet()
+        log = private_key_log(64)
+        exchange = KeyExchange(log, ("proxy:prefix-hrw",))
+        reader = _core.KeyLog(log, 7, 0)
+        poller = PeerQueues(urls, lambda: fleet, interval_s=0.2, key_exchange=lambda: exchange)
+        hot, seen = _core.HotKeys(1e9), _core.HotKeys(1e9)
+        try:
+            await poller.poll_once()
+            fail_next[0] = True
+            await poller.poll_once()  # failed: the position is kept
+            await poller.poll_once()
+            assert asked == ["-1", "2", "2"]
+            assert reader.drain(hot, seen) == 4
+            assert [seen.share(1000 + i) > 0 for i in range(5)] == [True] * 4 + [False]
+            keyed, older = poller.peers
+            assert (keyed.keys_imported_total, keyed.key_cursor) == (4, 4)
+            assert (older.keys_imported_total, older.ok_total) == (0, 3)
+            assert fleet.stats.peer_queued().tolist() == [3, 0, 0]
+            poller.key_exchange = lambda: None  # no key log (a reload switched it off)
+            await poller.poll_once()
+            assert asked[-1] is None
+        finally:
+            poller.release()
+            await stack.aclose()
 
     asyncio.run(asyncio.wait_for(main(), 20.0))
