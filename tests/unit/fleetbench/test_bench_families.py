@@ -126,18 +126,37 @@ def test_a_peers_spec_is_its_family_spec_with_and_without_peer_polls(family: str
     assert (alone.workers, alone.proxies, alone.peers) == (4, 2, False)
 
 
-@pytest.mark.parametrize("family", ["bursts-70", "bursts-90", "prefix-tree-90"])
-def test_a_keylog_spec_is_its_family_spec_with_and_without_the_key_log(family: str) -> None:
+_WITHOUT = {
+    "keylog": ("default-4x2-nolog", {"key_log_entries": 0}),
+    "exchange": ("default-4x2-noexchange", {"peer_key_exchange": False}),
+}
+
+
+@pytest.mark.parametrize(
+    ("sharing", "family"),
+    [
+        ("keylog", "bursts-70"),
+        ("keylog", "bursts-90"),
+        ("keylog", "prefix-tree-90"),
+        ("exchange", "bursts-90"),
+        ("exchange", "prefix-tree-90"),
+    ],
+)
+def test_a_sharing_spec_is_its_family_spec_with_and_without_the_sharing(
+    sharing: str, family: str
+) -> None:
     """The several-workers runs (docs/fleet-benchmark.md "Several workers") send the family
-    spec's requests to the default at 1 x 1 and 4 x 2, with and without the key log."""
+    spec's requests to the default at 1 x 1 and 4 x 2, with and without the key log (or
+    the key exchange between the proxies)."""
     base = load_spec(SPECS / f"{family}.toml")
-    variant = load_spec(SPECS / "sensitivity" / f"keylog-{family}.toml")
+    variant = load_spec(SPECS / "sensitivity" / f"{sharing}-{family}.toml")
     _assert_same_requests(base, variant)
-    assert variant.routers == ("fastroute", "default-4x2", "default-4x2-nolog")
+    without, setting = _WITHOUT[sharing]
+    assert variant.routers == ("fastroute", "default-4x2", without)
     shared, alone = (variant.fastroute_variants[n] for n in variant.routers[1:])
     assert (shared.workers, shared.proxies, shared.peers, shared.proxy) == (4, 2, True, {})
     assert (alone.workers, alone.proxies, alone.peers) == (4, 2, True)
-    assert alone.proxy == {"key_log_entries": 0}
+    assert alone.proxy == setting
 
 
 @pytest.mark.parametrize("family", ["bursts-90", "prefix-tree-90"])
