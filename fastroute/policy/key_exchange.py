@@ -91,20 +91,12 @@ class KeyExchange:
         the same label on every proxy).
     lock_fd : int, optional
         The segment's file (the pure-Python ``KeyLog`` locks it).
-
-    Attributes
-    ----------
-    imported_total, dropped_total : int
-        Entries this worker appended into its host's log, and entries it dropped: their
-        channel's label is not one of this host's, or a key does not fit 64 bits.
     """
 
     def __init__(self, buffer: Any, labels: Sequence[str], lock_fd: int | None = None) -> None:
         self.log = KeyLog(buffer, secrets.randbits(32), 0, lock_fd)
         self.labels = list(labels)
         self._channel_of = {label: channel for channel, label in enumerate(self.labels)}
-        self.imported_total = 0
-        self.dropped_total = 0
 
     def export(self, since: int) -> KeyLogExport:
         """The host's own entries from position ``since`` (see ``KeyLog.export``)."""
@@ -113,7 +105,9 @@ class KeyExchange:
 
     def absorb(self, export: KeyLogExport) -> int:
         """Append a peer's entries into the host's log on the channels whose labels
-        match; return how many were appended (the others are dropped)."""
+        match; return how many were appended. The others are dropped: their channel's
+        label is not one of this host's, or a key does not fit 64 bits (the poller counts
+        both per peer)."""
         ours = [self._channel_of.get(label) for label in export.channels]
         imported = 0
         publish = self.log.publish_imported
@@ -122,10 +116,4 @@ class KeyExchange:
             if mine is not None and not any(key >> 64 for key in keys):
                 publish(keys, n_observe, mine)
                 imported += 1
-        self.imported_total += imported
-        self.dropped_total += len(export.entries) - imported
         return imported
-
-    def release(self) -> None:
-        """Release the log's buffer (so that its mmap can be closed)."""
-        self.log.release()
