@@ -844,10 +844,15 @@ class ProxyConfig(_Section):
         ``admin_token`` as a bearer token (the peers' admin rule: loopback or that token).
         Empty (the default): each proxy sees its own host's queue only. At most 64.
     peer_poll_interval_s : float
-        Period of the peer polls, seconds; default 0.25 (a prompt queues for about one
-        prefill: in the simulator a 1 s period kept about 60 % of what 0.25 s recovers,
-        0.1 s another 0.5 %; docs/fleet-benchmark.md "Several proxies"). A poll that has
-        not answered within 0.8 of the period counts that peer as 0 for the round.
+        Period of each peer's polls, seconds; default 0.05. A queued prompt waits about
+        one prefill (0.1-2 s), so a view older than a fraction of the shortest one
+        misleads: in the simulator (24 seeds, 4 workers x 2 proxies against 1 x 1, the
+        worst family at 90 % load) 0.25 s cost 2.5 % of goodput, 0.1 s 1.9 %, 0.05 s
+        1.4 %; each poll costs about 0.5 ms of CPU on each side (about 2 % of a core per
+        peer at 0.05 s, ``bench/bench_peer_poll_cost.py``; docs/fleet-benchmark.md
+        "Several proxies"). Each peer is polled on its own cadence; one that has not
+        answered within 0.8 of the period (at least 1 s: a peer in another region) counts
+        as 0 until it answers.
     peer_key_exchange : bool
         The peer polls also carry prefix keys (default true): each answer adds the peer's
         own key-log entries since the last poll, and the poller appends them into its
@@ -900,7 +905,7 @@ class ProxyConfig(_Section):
         tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=2048)], ...],
         msgspec.Meta(max_length=64),
     ] = ()
-    peer_poll_interval_s: Annotated[float, msgspec.Meta(ge=0.01, le=60)] = 0.25
+    peer_poll_interval_s: Annotated[float, msgspec.Meta(ge=0.01, le=60)] = 0.05
     peer_key_exchange: bool = True
     proxy_count: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
 

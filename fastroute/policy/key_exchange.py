@@ -5,11 +5,10 @@ so every worker's ``prefix-hrw`` tables count the host's traffic. With several p
 front of one fleet each host still sees only its share: when the turns of one session
 alternate between proxies, the proxy routing turn n may never have seen turn n-1, its seen
 table prices the session's cached prefix too low and the cost spill moves the turn off the
-engine that holds it. In the simulator that cost ``agentic`` 1.5 / 0.9 points of prefix
-hits at 4 workers × 2 proxies (70 / 90 % load), all of it back with one log for both
-proxies and with this exchange (docs/fleet-benchmark.md, "Several workers", "The key
-exchange": goodput within 1 % of no exchange but ``bursts`` and ``long-tail`` at 0.9 load,
--1.8 % and -1.5 %, within seed noise).
+engine that holds it. In the simulator that cost ``agentic`` 1.3 / 0.9 points of prefix
+hits at 4 workers × 2 proxies (70 / 90 % load, 24 seeds), all of it back with one log for
+both proxies and with this exchange (docs/fleet-benchmark.md, "Several workers", "The key
+exchange": goodput -0.4 to +1.2 % against no exchange in every family and load).
 
 Mechanism. The worker that polls the peers' queues for its host
 (:mod:`fastroute.proxy.background.peer_queues`) sends, per peer, the position it has read
@@ -24,7 +23,7 @@ bits, is dropped and counted), and every
 worker's next drain observes them as it observes its neighbours' entries. Keys are
 unseeded hashes of prompt bytes, so equal prompts give equal keys on every host.
 
-Delay: one poll period (0.25 s by default) plus the answer; a follow-up turn arrives after
+Delay: one poll period (0.05 s by default) plus the answer; a follow-up turn arrives after
 its previous turn's response, seconds later in chat and agent loops, so the entry is
 there when it counts. A first poll (and a worker that takes the poll over from a dead
 one) reads the peer's last ``capacity`` entries: a new proxy starts warm, and a takeover

@@ -679,7 +679,7 @@ def test_controller_ha_is_off_by_default_and_validated() -> None:
 
 def test_proxy_peers_are_server_roots_listed_once() -> None:
     assert decode_config(MINIMAL).proxy.peers == ()
-    assert decode_config(MINIMAL).proxy.peer_poll_interval_s == 0.25
+    assert decode_config(MINIMAL).proxy.peer_poll_interval_s == 0.05
     ok = decode_config(MINIMAL + '[proxy]\npeers = ["http://10.0.0.2:8080"]\n')
     assert ok.proxy.peers == ("http://10.0.0.2:8080",)
     bad = _error(MINIMAL + '[proxy]\npeers = ["http://10.0.0.2:8080", "10.0.0.3:8080"]\n')

@@ -4,7 +4,7 @@ A proxy counts the prompt tokens its own host's attempts have queued on each eng
 shared stats block: every worker's), not the other proxies'. With ``p`` proxies splitting
 the traffic each sees about ``1/p`` of every queue, and ``prefix-hrw``'s load bound and cost
 spill decide on that fraction. In the simulator (4 workers × 2 proxies) that cost 6–14 % of
-goodput in the long-prompt families against 1 × 1; sharing the proxies' counts every 0.25 s
+goodput in the long-prompt families against 1 × 1; sharing the proxies' counts every 0.05 s
 recovers nearly all of it (docs/fleet-benchmark.md "Several proxies"). Engine scrapes cannot
 stand in: an engine reports how many requests wait, not how many tokens, and with
 heavy-tailed prompts the count says little about the prefill queued (correlation 0.2–0.4
@@ -13,18 +13,20 @@ with the true other proxies' tokens in the same runs).
 One worker per host polls: every worker runs a :class:`PeerQueues`, and the one holding the
 host's lock (an ``flock`` on ``<stats block>.peers.lock``, removed with the block; the kernel
 drops the lock when its holder dies, the others try again every period and one takes over)
-sends, every ``proxy.peer_poll_interval_s``, ``GET /admin/queue``
-(:func:`fastroute.proxy.routes.queued_by_engine`) to every ``proxy.peers`` URL at once over
-one keep-alive connection per peer (the proxy's lean HTTP/1.1 client), with
-``proxy.admin_token`` as a bearer token when set. It writes the sum of the answers (engine
-names the fleet does not have are ignored) into the stats block
+sends ``GET /admin/queue`` (:func:`fastroute.proxy.routes.queued_by_engine`) to each
+``proxy.peers`` URL every ``proxy.peer_poll_interval_s``, each peer on its own cadence over
+one keep-alive connection (the proxy's lean HTTP/1.1 client), with ``proxy.admin_token`` as
+a bearer token when set. After every answer it writes the sum of the peers' latest answers
+(engine names the fleet does not have are ignored) into the stats block
 (:meth:`~fastroute.proxy.path.engine_stats.EngineStats.set_peer_queued`: added to each
 engine's ``QUEUED_TOKENS``, which every worker's request path reads, and kept apart in
 ``PEER_QUEUED_TOKENS``, which ``GET /admin/queue`` takes out again so that no proxy hears its
 own queue back). Without a stats block (a lone unsupervised worker) it polls for itself. A peer
-that fails or does not answer within 0.8 of the period counts 0 for that round (a dead
-proxy queues nothing; its last numbers would only grow stale), and is logged once per
-distinct error.
+that fails or does not answer within :func:`poll_timeout_s` (0.8 of the period, at least
+:data:`MIN_POLL_TIMEOUT_S`) counts 0 until its next answer (a dead proxy queues nothing;
+its last numbers would only grow stale), and is logged once per distinct error. Each peer
+has its own cadence so that a slow or distant one (a peer in another region: a round trip
+of up to a few hundred milliseconds) delays only its own figures, not the others'.
 
 The same poll carries the peers' prefix keys (``proxy.peer_key_exchange``, on by default;
 :mod:`fastroute.policy.key_exchange`): the request names, per peer, the position read so
@@ -32,9 +34,11 @@ far in the peer's key log, the answer adds the peer's own entries from there, an
 poller appends them into its host's log, where every worker's ``prefix-hrw`` tables
 observe them. A failed poll keeps the position, so the next one resumes there.
 
-Cost: ``peers / interval`` small GETs per host and as many answered (1 peer at 0.25 s: 4
-each way per second), each answer listing only the engines with a queue and the peer's
-key-log entries since the last poll; nothing on the request path (the queued-token counter
+Cost: ``peers / interval`` small GETs per host and as many answered (1 peer at the default
+0.05 s: 20 each way per second), each answer listing only the engines with a queue and the
+peer's key-log entries since the last poll, about 0.5 ms of CPU per poll on each side (two
+idle single-worker proxies: 19 ms of CPU per second per host at 0.05 s, 4 at 0.25 s,
+``bench/bench_peer_poll_cost.py``); nothing on the request path (the queued-token counter
 it reads already holds the sum).
 
 Exported on ``/metrics``:
@@ -71,12 +75,22 @@ from fastroute.proxy.path.fleet import Fleet
 from fastroute.proxy.routes import QUEUE_PATH
 from fastroute.tables.segment import WriterLock
 
-__all__ = ["MAX_ANSWER_BYTES", "POLL_TIMEOUT_FRACTION", "PeerQueues", "PeerQueuesCollector"]
+__all__ = [
+    "MAX_ANSWER_BYTES",
+    "MIN_POLL_TIMEOUT_S",
+    "POLL_TIMEOUT_FRACTION",
+    "PeerQueues",
+    "PeerQueuesCollector",
+    "poll_timeout_s",
+]
 
 logger = logging.getLogger(__name__)
 
-#: A poll must answer within this fraction of the period (polls never overlap).
+#: A poll must answer within this fraction of the period (one peer's polls never overlap)...
 POLL_TIMEOUT_FRACTION = 0.8
+#: ...or within this many seconds if longer: a peer in another region answers in a round
+#: trip of up to a few hundred milliseconds, which a short period must not count as down.
+MIN_POLL_TIMEOUT_S = 1.0
 #: Largest answer read from a peer, bytes: 1 MB of queues (about 20,000 engines with one)
 #: and a full key-log share with 64 keys an entry (about 1.4 MB; 0.1-0.3 MB for real prompts).
 MAX_ANSWER_BYTES = 3 << 20
@@ -88,6 +102,11 @@ class _Answer(msgspec.Struct):
 
 
 _decode = msgspec.json.Decoder(_Answer).decode
+
+
+def poll_timeout_s(interval_s: float) -> float:
+    """How long a poll of one peer may take, seconds, at period ``interval_s``."""
+    return max(POLL_TIMEOUT_FRACTION * interval_s, MIN_POLL_TIMEOUT_S)
 
 
 class _Peer:
@@ -104,6 +123,8 @@ class _Peer:
         self.key_cursor = -1
         self.keys_imported_total = 0
         self.keys_dropped_total = 0
+        #: Its latest answer's queued tokens per engine name (empty after a failure).
+        self.engines: dict[str, int] = {}
 
     def connection_pool(self) -> http1.HostPool:
         if self.pool is None:
@@ -132,7 +153,8 @@ class PeerQueues:
     Attributes
     ----------
     rounds_total : int
-        Poll rounds completed by this worker.
+        Times this worker wrote the peers' sum into its host's stats (after every answer
+        of :meth:`run`, once per :meth:`poll_once`).
     active : bool
         This worker polls for its host (holds the lock, or has no stats block).
     """
@@ -142,7 +164,7 @@ class PeerQueues:
         peers: tuple[str, ...] | list[str],
         fleet: Callable[[], Fleet],
         *,
-        interval_s: float = 0.25,
+        interval_s: float = 0.05,
         admin_token: str | None = None,
         key_exchange: Callable[[], KeyExchange | None] | None = None,
     ) -> None:
@@ -151,7 +173,7 @@ class PeerQueues:
         self.peers = [_Peer(url) for url in peers]
         self.fleet = fleet
         self.interval_s = interval_s
-        self.timeout_s = POLL_TIMEOUT_FRACTION * interval_s
+        self.timeout_s = poll_timeout_s(interval_s)
         self._headers = [("Authorization", f"Bearer {admin_token}")] if admin_token else []
         self.key_exchange = key_exchange or (lambda: None)
         self.rounds_total = 0
@@ -198,28 +220,32 @@ class PeerQueues:
         return int(self.fleet().stats.peer_queued().sum())
 
     async def poll_once(self) -> None:
-        """If this worker polls for its host: poll every peer at once and write the sum
-        into the host's stats."""
+        """If this worker polls for its host: poll every peer once, at once, and write the
+        sum into the host's stats."""
         if not self._take_turn():
             return
-        answers = await asyncio.gather(*(self._poll(p) for p in self.peers))
+        await asyncio.gather(*(self._poll(p) for p in self.peers))
+        self._publish()
+
+    def _publish(self) -> None:
+        """Write the sum of the peers' latest answers into the host's stats."""
         fleet = self.fleet()
         if fleet is not self._indexed:  # a fleet's engines are fixed; a reload makes a new one
             self._index = {name: i for i, name in enumerate(fleet.names)}
             self._indexed = fleet
         index = self._index
         total = np.zeros(len(fleet.names), dtype=np.int64)
-        for engines in answers:
-            for name, tokens in engines.items():
+        for peer in self.peers:
+            for name, tokens in peer.engines.items():
                 i = index.get(name)
                 if i is not None and tokens > 0:
                     total[i] += tokens
         fleet.stats.set_peer_queued(total)
         self.rounds_total += 1
 
-    async def _poll(self, peer: _Peer) -> dict[str, int]:
-        """One peer's queues (its key-log entries go into the host's log); empty (and
-        counted as failed) on any error."""
+    async def _poll(self, peer: _Peer) -> None:
+        """Poll one peer: its queues into ``peer.engines`` (empty, and counted as failed,
+        on any error), its key-log entries into the host's log."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         exchange = self.key_exchange()
@@ -252,7 +278,8 @@ class PeerQueues:
             if text != peer.last_error:
                 logger.warning("queue poll of peer %s failed: %s", peer.url, text)
             peer.last_error = text
-            return {}
+            peer.engines = {}
+            return
         peer.ok_total += 1
         peer.last_error = None
         if exchange is not None and answer.key_log is not None:
@@ -260,18 +287,26 @@ class PeerQueues:
             peer.keys_imported_total += imported
             peer.keys_dropped_total += len(answer.key_log.entries) - imported
             peer.key_cursor = answer.key_log.next
-        return answer.engines
+        peer.engines = answer.engines
 
     async def run(self) -> None:
-        """Poll every ``interval_s`` until cancelled."""
-        loop = asyncio.get_running_loop()
+        """Once this worker polls for its host (until then, try every ``interval_s``),
+        poll each peer every ``interval_s`` on its own cadence, writing the sum after
+        every answer, until cancelled."""
         try:
-            while True:
-                started = loop.time()
-                await self.poll_once()
-                await asyncio.sleep(max(0.0, self.interval_s - (loop.time() - started)))
+            while not self._take_turn():
+                await asyncio.sleep(self.interval_s)
+            await asyncio.gather(*(self._follow(p) for p in self.peers))
         finally:
             self.release()
+
+    async def _follow(self, peer: _Peer) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self._poll(peer)
+            self._publish()
+            await asyncio.sleep(max(0.0, self.interval_s - (loop.time() - started)))
 
 
 class PeerQueuesCollector(Collector):

@@ -129,6 +129,7 @@ def test_a_peers_spec_is_its_family_spec_with_and_without_peer_polls(family: str
 _WITHOUT = {
     "keylog": ("default-4x2-nolog", {"key_log_entries": 0}),
     "exchange": ("default-4x2-noexchange", {"peer_key_exchange": False}),
+    "poll": ("default-4x2-poll025", {"peer_poll_interval_s": 0.25}),
 }
 
 
@@ -140,6 +141,8 @@ _WITHOUT = {
         ("keylog", "prefix-tree-90"),
         ("exchange", "bursts-90"),
         ("exchange", "prefix-tree-90"),
+        ("poll", "bursts-90"),
+        ("poll", "prefix-tree-90"),
     ],
 )
 def test_a_sharing_spec_is_its_family_spec_with_and_without_the_sharing(
@@ -147,7 +150,7 @@ def test_a_sharing_spec_is_its_family_spec_with_and_without_the_sharing(
 ) -> None:
     """The several-workers runs (docs/fleet-benchmark.md "Several workers") send the family
     spec's requests to the default at 1 x 1 and 4 x 2, with and without the key log (or
-    the key exchange between the proxies)."""
+    the key exchange between the proxies, or at the poll period before 2026-12-06)."""
     base = load_spec(SPECS / f"{family}.toml")
     variant = load_spec(SPECS / "sensitivity" / f"{sharing}-{family}.toml")
     _assert_same_requests(base, variant)

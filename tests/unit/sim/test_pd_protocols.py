@@ -3,21 +3,21 @@ dispatch differ by the data plane's round trip between prefill and decode, only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import pytest
-from conftest import small
 
 from fastroute.sim import Simulator
-from fastroute.sim.scenario import ScenarioError
+from fastroute.sim.scenario import Scenario, ScenarioError
 from fastroute.workload import Session, Turn
 from fastroute.workload.session import make_text
 
 INTRA_MS, INTER_MS = 2.0, 30.0
 
 
-def _run(kind: str, source: str) -> tuple[Any, Simulator]:
+def _run(small: Callable[..., Scenario], kind: str, source: str) -> tuple[Any, Simulator]:
     """One 300-token request from ``source`` to a P/D pair in eu, engines of ``kind``."""
     scenario = small(
         network={"intra_region_ms": INTRA_MS, "inter_region_ms": INTER_MS},
@@ -42,13 +42,13 @@ def _run(kind: str, source: str) -> tuple[Any, Simulator]:
 
 @pytest.mark.parametrize(("source", "one_way_ms"), [("eu", INTRA_MS), ("us", INTER_MS)])
 def test_sglang_saves_the_data_planes_round_trip_and_nothing_else(
-    source: str, one_way_ms: float
+    small: Callable[..., Scenario], source: str, one_way_ms: float
 ) -> None:
     """Same request, same engines: SGLang's first token (and every later one) comes one
     round trip data plane <-> engines earlier (prefill answer back, decode request out);
     every other figure of the request and of the engines is the same."""
-    nixl, nixl_sim = _run("vllm", source)
-    boot, boot_sim = _run("sglang", source)
+    nixl, nixl_sim = _run(small, "vllm", source)
+    boot, boot_sim = _run(small, "sglang", source)
     assert nixl.outcome == boot.outcome == "ok"
     saved_s = 2 * one_way_ms / 1000.0
     assert nixl.ttft_s - boot.ttft_s == pytest.approx(saved_s, abs=1e-9)
@@ -62,7 +62,7 @@ def test_sglang_saves_the_data_planes_round_trip_and_nothing_else(
     assert nixl_sim.pd_protocols == {"demo-8b": "nixl"}
 
 
-def test_a_pd_model_mixing_kinds_is_refused() -> None:
+def test_a_pd_model_mixing_kinds_is_refused(small: Callable[..., Scenario]) -> None:
     with pytest.raises(ScenarioError, match="different P/D protocols"):
         small(
             engines=[

@@ -66,7 +66,7 @@ def test_the_peers_answers_are_summed_per_engine_and_bad_ones_count_as_none() ->
             return web.Response(body=b" " * (MAX_ANSWER_BYTES + 10))
 
         async def slow(_: web.Request) -> web.StreamResponse:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(3.0)  # past the 1 s floor of the poll's timeout
             return web.json_response({"engines": {"e0": 1}})
 
         handlers = [
