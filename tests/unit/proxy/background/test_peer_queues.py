@@ -194,3 +194,39 @@ def test_the_peers_key_log_entries_go_into_the_hosts_log_from_where_the_last_pol
             await stack.aclose()
 
     asyncio.run(asyncio.wait_for(main(), 20.0))
+
+
+def test_each_peer_is_polled_on_its_own_cadence_so_a_slow_one_holds_back_no_other() -> None:
+    """``run``: a peer answering in 0.8 s (a distant one, within the 1 s timeout floor)
+    does not slow the polls of a prompt one, whose figures reach the host's stats after
+    each of its own answers."""
+
+    async def main() -> None:
+        async def distant(_: web.Request) -> web.StreamResponse:
+            await asyncio.sleep(0.8)
+            return web.json_response({"engines": {"e2": 9}})
+
+        stack = contextlib.AsyncExitStack()
+        urls = await _serve(stack, [_answer({"e0": 40}), distant])
+        fleet = _fleet()
+        poller = PeerQueues(urls, lambda: fleet, interval_s=0.05, admin_token="k" * 16)
+        prompt, slow = poller.peers
+        task = asyncio.create_task(poller.run())
+        try:
+            deadline = asyncio.get_running_loop().time() + 5.0
+            while prompt.ok_total < 4 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+            # four answers of the prompt peer (0.15 s at 0.05 s) before the distant one's
+            assert prompt.ok_total >= 4 and slow.ok_total == 0 and slow.failed_total == 0
+            assert fleet.stats.peer_queued().tolist() == [40, 0, 0]
+            while slow.ok_total == 0 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+            assert slow.ok_total == 1 and slow.failed_total == 0
+            assert fleet.stats.peer_queued().tolist() == [40, 0, 9]
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await stack.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 20.0))
