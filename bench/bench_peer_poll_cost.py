@@ -1,12 +1,13 @@
 """What the proxies' peer polls cost in CPU, by poll period (a script, not a pytest file).
 
 Set-up, all on 127.0.0.1: four emulated engines in this process and two ``fastroute
-serve`` trees (``--workers`` each, default 1) that list each other in ``proxy.peers``,
-idle, one tree pair per period in ``--intervals`` (``0``: no peers, the baseline).
-Measured: the CPU seconds (user + system, every process of both trees, from
-``/proc/<pid>/stat``) over ``--seconds`` after a settling pause, as CPU milliseconds per
-second per host, and that figure less the baseline's: the polls' cost, both directions
-(each host polls its peer and answers its peer's polls). Idle is the worst case for the
+serve`` trees of one worker each that list each other in ``proxy.peers``, idle, one tree
+pair per period in ``--intervals`` (``0``: no peers, the baseline). Measured over
+``--seconds`` after a settling pause: the CPU seconds (user + system, every process of both
+trees, from ``/proc/<pid>/stat``) as CPU milliseconds per second per host, and the polls
+each host's poller completed (``fastroute_proxy_peer_polls_total{outcome="ok"}``); the CPU
+less the baseline's, over the polls, is the cost of one poll on both ends (each host polls
+its peer and answers its peer's polls). Idle is the worst case for the
 ratio and the best for the absolute figure: under load an answer also lists the engines
 with a queue and the peer's key-log entries since the last poll.
 
@@ -102,11 +103,22 @@ async def _wait_healthy(url: str, deadline_s: float) -> None:
     raise RuntimeError(f"{url} did not become healthy")
 
 
+async def _polls_ok(s: aiohttp.ClientSession, url: str) -> float:
+    """Polls of its peer a one-worker proxy completed (its ``/metrics``)."""
+    async with s.get(url + "/metrics") as r:
+        text = await r.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("fastroute_proxy_peer_polls_total{") and 'outcome="ok"' in line
+    )
+
+
 async def _measure(
     engine_urls: list[str], interval_s: float, args: argparse.Namespace, tmp: Path
-) -> float:
-    """CPU ms per second per host of two serve trees polling each other every
-    ``interval_s`` (0: not at all)."""
+) -> tuple[float, float]:
+    """CPU ms per second per host, and completed polls per second per host, of two serve
+    trees polling each other every ``interval_s`` (0: not at all)."""
     ports = _free_port(), _free_port()
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     procs = []
@@ -117,7 +129,7 @@ async def _measure(
             path = tmp / f"peer-{interval_s}-{i}.toml"
             path.write_text(_config(engine_urls, peer, interval_s, not args.no_exchange, stats[i]))
             cmd = [sys.executable, "-m", "fastroute", "serve", "--config", str(path)]
-            cmd += ["--port", str(port), "--workers", str(args.workers)]
+            cmd += ["--port", str(port), "--workers", "1"]
             procs.append(
                 subprocess.Popen(
                     cmd,
@@ -130,10 +142,14 @@ async def _measure(
         for url in urls:
             await _wait_healthy(url, time.monotonic() + 60.0)
         await asyncio.sleep(args.settle)
-        before = sum(_session_cpu_s(p.pid) for p in procs)
-        await asyncio.sleep(args.seconds)
-        used = sum(_session_cpu_s(p.pid) for p in procs) - before
-        return 1000.0 * used / args.seconds / len(procs)
+        async with aiohttp.ClientSession() as s:
+            polls = -sum([await _polls_ok(s, url) for url in urls])
+            before = sum(_session_cpu_s(p.pid) for p in procs)
+            await asyncio.sleep(args.seconds)
+            used = sum(_session_cpu_s(p.pid) for p in procs) - before
+            polls += sum([await _polls_ok(s, url) for url in urls])
+        per_host_s = args.seconds * len(procs)
+        return 1000.0 * used / per_host_s, polls / per_host_s
     finally:
         for proc, name in zip(procs, stats, strict=False):
             _stop(proc, name)
@@ -141,17 +157,20 @@ async def _measure(
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     specs = fleet_specs(4, model_name=MODEL, profile="h100")
-    results: dict[str, Any] = {"workers": args.workers, "seconds": args.seconds, "runs": []}
+    results: dict[str, Any] = {"seconds": args.seconds, "runs": []}
     async with EmulatedFleet(specs) as fleet:
         with tempfile.TemporaryDirectory() as tmp:
             baseline = None
             for interval_s in args.intervals:
-                cpu_ms = await _measure(fleet.urls, interval_s, args, Path(tmp))
+                cpu_ms, polls_per_s = await _measure(fleet.urls, interval_s, args, Path(tmp))
                 if interval_s == 0:
                     baseline = cpu_ms
-                polls_per_s = 0.0 if interval_s == 0 else 1.0 / interval_s
-                row = {"interval_s": interval_s, "cpu_ms_per_s_per_host": round(cpu_ms, 2)}
-                if baseline is not None and interval_s > 0:
+                row = {
+                    "interval_s": interval_s,
+                    "cpu_ms_per_s_per_host": round(cpu_ms, 2),
+                    "polls_ok_per_s_per_host": round(polls_per_s, 1),
+                }
+                if baseline is not None and polls_per_s > 0:
                     extra = cpu_ms - baseline
                     row["polls_cpu_ms_per_s_per_host"] = round(extra, 2)
                     # each host sends polls_per_s and answers as many
@@ -171,7 +190,6 @@ def _parse() -> argparse.Namespace:
     )
     ap.add_argument("--seconds", type=float, default=20.0, help="measured window per period")
     ap.add_argument("--settle", type=float, default=3.0, help="pause before measuring, s")
-    ap.add_argument("--workers", type=int, default=1, help="workers per serve tree")
     ap.add_argument("--no-exchange", action="store_true", help="proxy.peer_key_exchange = false")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     return ap.parse_args()

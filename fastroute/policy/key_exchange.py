@@ -29,11 +29,11 @@ there when it counts. A first poll (and a worker that takes the poll over from a
 one) reads the peer's last ``capacity`` entries: a new proxy starts warm, and a takeover
 counts those entries a second time once (weighted out by the share table's half-life).
 
-Bounds: :data:`MAX_EXPORT_ENTRIES` positions per answer (4096 requests per second per
-peer at the default period; a peer routing more falls behind, then skips what its log
-overwrote); an entry holds at most 64 keys, about 1.4 MB of JSON for a full answer in
-the worst case (doubling depths from 512 bytes give 6 keys for a 16 kB prompt and 12 for
-1 MB: 0.1-0.3 kB an entry).
+Bounds: :data:`MAX_EXPORT_ENTRIES` positions per answer (20,480 requests per second per
+peer at the default 0.05 s period, 4096 at 0.25 s; a peer routing more falls behind, then
+skips what its log overwrote); an entry holds at most 64 keys, about 1.4 MB of JSON for a
+full answer in the worst case (doubling depths from 512 bytes give 6 keys for a 16 kB prompt
+and 12 for 1 MB: 0.1-0.3 kB an entry).
 """
 
 from __future__ import annotations
