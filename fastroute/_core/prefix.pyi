@@ -1,4 +1,4 @@
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ class PrefixPicker:
     prefix_bytes: int
     balance_factor: float
     affinity_slack: float
+    stall_weight: float
     hot_share_factor: float
     deep: bool
     bytes_per_token: float
@@ -65,11 +66,18 @@ class PrefixPicker:
         bytes_per_token: float = 4.0,
         max_keys: int = ...,
         affinity_slack: float = 1.0,
+        stall_weight: float = 0.0,
     ) -> None: ...
     def keys(self, prefix: bytes, key_hash: int, key_depth_bytes: int) -> list[tuple[int, int]]: ...
     def choose(
-        self, selector: Selector, request: Any, available: np.ndarray | None, loads: Any, k: int
-    ) -> tuple[list[int], str, int]: ...
+        self,
+        selector: Selector,
+        request: Any,
+        available: np.ndarray | None,
+        loads: Any,
+        k: int,
+        in_flight: Callable[[], np.ndarray] | None = None,
+    ) -> tuple[list[int], str, int, int]: ...
     def attach_log(self, log: KeyLog | None) -> None: ...
     def on_routed(self, request: Any) -> None: ...
     def reset(self) -> None: ...

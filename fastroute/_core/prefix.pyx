@@ -415,6 +415,7 @@ cdef class PrefixPicker:
     cdef readonly Py_ssize_t prefix_bytes
     cdef readonly double balance_factor
     cdef readonly double affinity_slack
+    cdef readonly double stall_weight
     cdef readonly double hot_share_factor
     cdef readonly bint deep
     cdef readonly double bytes_per_token
@@ -427,7 +428,7 @@ cdef class PrefixPicker:
     def __init__(self, Py_ssize_t block_bytes, Py_ssize_t prefix_bytes, double balance_factor,
                  double hot_share_factor, double hot_half_life_requests, bint deep=False,
                  double bytes_per_token=4.0, Py_ssize_t max_keys=DEFAULT_MAX_KEYS,
-                 double affinity_slack=1.0):
+                 double affinity_slack=1.0, double stall_weight=0.0):
         if block_bytes < 1 or prefix_bytes // block_bytes >= (<Py_ssize_t>1) << (_KEYS_CAP - 2):
             raise ValueError(f"at most {_KEYS_CAP - 1} depths: prefix_bytes / block_bytes "
                              f"must be < 2**{_KEYS_CAP - 2}")
@@ -435,6 +436,7 @@ cdef class PrefixPicker:
         self.prefix_bytes = prefix_bytes
         self.balance_factor = balance_factor
         self.affinity_slack = affinity_slack
+        self.stall_weight = stall_weight
         self.hot_share_factor = hot_share_factor
         self.deep = deep
         self.bytes_per_token = bytes_per_token
@@ -540,9 +542,12 @@ cdef class PrefixPicker:
             n_chosen += 1
         return n_chosen
 
-    def choose(self, Selector selector, request, available, loads, Py_ssize_t k):
-        """Decide ``request`` over ``available`` and ``loads``: ``(ranked, reason, depth,
-        cached_tokens)`` as the spec."""
+    def choose(self, Selector selector, request, available, loads, Py_ssize_t k,
+               in_flight=None):
+        """Decide ``request`` over ``available`` and ``loads`` (``in_flight``: a callable
+        returning the requests in flight per engine, read only when the request would leave
+        its home):
+        ``(ranked, reason, depth, cached_tokens)`` as the spec."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         cdef Py_ssize_t row = request.row
@@ -582,10 +587,19 @@ cdef class PrefixPicker:
         # The first candidate's home may exceed the bound by what staying there saves.
         cdef double home_saving = self._saving_tokens(keys, 0 if cold else keys.depths[chosen[0]])
         cdef double saving
+        cdef int64_t slack = <int64_t>(self.affinity_slack * home_saving), stall
         try:
             m = selector._tree_rank_prefix_c(tree, candidate_keys, n_chosen, row, k, load,
-                                             self.balance_factor, out_idx, &used,
-                                             <int64_t>(self.affinity_slack * home_saving))
+                                             self.balance_factor, out_idx, &used, slack)
+            if m > 0 and used > 0 and in_flight is not None and self.stall_weight > 0.0:
+                # still elsewhere: leaving also costs the decodes there (the spec's
+                # _bounded_rank)
+                stall = <int64_t>(self.stall_weight * home_saving
+                                  * <double>in_flight()[out_idx[0]])
+                if stall > 0:
+                    m = selector._tree_rank_prefix_c(tree, candidate_keys, n_chosen, row, k,
+                                                     load, self.balance_factor, out_idx,
+                                                     &used, slack + stall)
             if m == 0:
                 return [], "", -1, 0
             ranked = [out_idx[i] for i in range(m)]
@@ -601,7 +615,8 @@ cdef class PrefixPicker:
             if depth == 0 and key_depth == 0:
                 # the client's session: never cost-spilled
                 return ranked, reason, depth, <int64_t>saving
-            least = self._cheaper_elsewhere(selector, tree, keys, saving, out_idx[0], row, load)
+            least = self._cheaper_elsewhere(selector, tree, keys, saving, out_idx[0], row, load,
+                                            in_flight)
             if least < 0:
                 return ranked, reason, depth, <int64_t>saving
             spilled = [least]
@@ -628,9 +643,9 @@ cdef class PrefixPicker:
     cdef Py_ssize_t _cheaper_elsewhere(self, Selector selector, TreeState tree,
                                        const RequestKeys* keys, double saving_tokens,
                                        Py_ssize_t home, Py_ssize_t row,
-                                       const int64_t[:] load):
+                                       const int64_t[:] load, object in_flight):
         # The spec's _cheaper_elsewhere, on the tree's load chunks.
-        cdef int64_t home_load
+        cdef int64_t home_load, stalled
         cdef Py_ssize_t least
         home_load = load[home]
         if <double>home_load <= saving_tokens:
@@ -640,6 +655,13 @@ cdef class PrefixPicker:
             return -1
         if <double>(home_load - load[least]) <= saving_tokens + <double>load[least]:
             return -1  # the gain does not pay for the queue the request joins (the spec)
+        if in_flight is None or self.stall_weight <= 0.0 or saving_tokens <= 0.0:
+            return least
+        stalled = in_flight()[least]
+        if <double>(home_load - load[least]) <= (
+                saving_tokens + <double>load[least]
+                + self.stall_weight * saving_tokens * <double>stalled):
+            return -1  # nor for the decodes its re-prefill stalls there (the spec)
         return least
 
     def on_routed(self, request):

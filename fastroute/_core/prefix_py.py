@@ -22,7 +22,7 @@ seen (keys seen at the same tick go together).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -178,6 +178,9 @@ class PrefixPicker:
     affinity_slack : float
         The policy's tunable: how far (in units of the request's saving) the first
         candidate's home may be above the load bound and keep the request.
+    stall_weight : float
+        The policy's tunable: the cost spill charges this times the saving per request in
+        flight at the target (the decodes the re-prefill stalls there).
     deep : bool
         Try the deepest key first (``order = "deep"``).
     bytes_per_token : float
@@ -197,11 +200,13 @@ class PrefixPicker:
         bytes_per_token: float = 4.0,
         max_keys: int = DEFAULT_MAX_KEYS,
         affinity_slack: float = 1.0,
+        stall_weight: float = 0.0,
     ) -> None:
         self.block_bytes = int(block_bytes)
         self.prefix_bytes = int(prefix_bytes)
         self.balance_factor = float(balance_factor)
         self.affinity_slack = float(affinity_slack)
+        self.stall_weight = float(stall_weight)
         self.hot_share_factor = float(hot_share_factor)
         self.deep = bool(deep)
         self.bytes_per_token = float(bytes_per_token)
@@ -241,10 +246,18 @@ class PrefixPicker:
         return keys or [(0, key_hash)]
 
     def choose(
-        self, selector: Any, request: Any, mask: np.ndarray, loads: Any, k: int
+        self,
+        selector: Any,
+        request: Any,
+        mask: np.ndarray,
+        loads: Any,
+        k: int,
+        in_flight: Callable[[], Any] | None = None,
     ) -> tuple[list[int], str, int, int]:
         """Decide ``request`` (a ``RouteRequest``) over ``mask`` (its row's eligible
-        engines) and ``loads`` (int64 per engine).
+        engines) and ``loads`` (int64 per engine); ``in_flight`` returns the requests in
+        flight per engine (int64), called only when the request would leave its home (None:
+        none counted).
 
         Returns
         -------
@@ -265,14 +278,15 @@ class PrefixPicker:
         cold = self._cold(n_eligible)
         # The first candidate's home may exceed the bound by what staying there saves.
         home_saving = self._saving_tokens(keys, 0 if cold else candidates[0][0])
-        ranked, used = selector.tree_rank_prefix(
-            [h for _, h in candidates],
+        ranked, used = self._bounded_rank(
+            selector,
             request.row,
+            [h for _, h in candidates],
             k,
             loads,
-            self.balance_factor,
             mask,
-            int(self.affinity_slack * home_saving),
+            home_saving,
+            in_flight,
         )
         if not ranked:
             return ranked, "", -1, 0
@@ -287,10 +301,40 @@ class PrefixPicker:
         saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
         if depth == 0 and request.key_depth_bytes == 0:
             return ranked, reason, depth, int(saving)  # the client's session: never spilled
-        least = self._cheaper_elsewhere(selector, request.row, keys, saving, ranked[0], loads, mask)
+        least = self._cheaper_elsewhere(
+            selector, request.row, keys, saving, ranked[0], loads, mask, in_flight
+        )
         if least < 0:
             return ranked, reason, depth, int(saving)
         return [least, *(i for i in ranked if i != least)][:k], "cost-spill", -1, 0
+
+    def _bounded_rank(
+        self,
+        selector: Any,
+        row: int,
+        candidate_keys: list[int],
+        k: int,
+        loads: Any,
+        mask: np.ndarray,
+        home_saving: float,
+        in_flight: Callable[[], Any] | None,
+    ) -> tuple[list[int], int]:
+        """``Selector.tree_rank_prefix`` with the first home's slack: ``a · saving``, and
+        when that still sends the request elsewhere (engine ``t``), also what leaving
+        costs the decodes at ``t``, ``w · saving · n_t`` (the cost spill's stall; ranked
+        again with the larger slack)."""
+        slack = int(self.affinity_slack * home_saving)
+        ranked, used = selector.tree_rank_prefix(
+            candidate_keys, row, k, loads, self.balance_factor, mask, slack
+        )
+        if not ranked or used == 0 or in_flight is None or self.stall_weight <= 0.0:
+            return ranked, used
+        stall = int(self.stall_weight * home_saving * int(in_flight()[ranked[0]]))
+        if stall <= 0:
+            return ranked, used
+        return selector.tree_rank_prefix(
+            candidate_keys, row, k, loads, self.balance_factor, mask, slack + stall
+        )
 
     def _cheaper_elsewhere(
         self,
@@ -301,17 +345,20 @@ class PrefixPicker:
         home: int,
         loads: Any,
         mask: np.ndarray,
+        in_flight: Callable[[], Any] | None,
     ) -> int:
         """The least-loaded eligible engine ``t`` if the home's extra queue over it pays
-        for the cached prefix and for ``t``'s own queue, else -1:
-        ``L_home - L_t > saving + L_t``.
+        for the cached prefix, for ``t``'s own queue and for the decodes the re-prefill
+        stalls at ``t``, else -1: ``L_home - L_t > saving + L_t + w · saving · n_t``.
 
         All terms are prompt tokens to prefill, the policy's loads (queued prompt tokens:
         prefill work a new request waits behind); the saving is :meth:`_saving_tokens`.
         ``L_t`` stands for what the spill costs the others: the spilled request prefills
         the saving again at ``t`` and delays by that much whatever queues behind it there
         (in a burst, when every engine has a queue, the re-prefills spend capacity the
-        fleet does not have).
+        fleet does not have). ``n_t`` is the requests in flight at ``t`` (``in_flight()``,
+        read only here; 0 without it): each waits out the re-prefilled saving between two
+        of its tokens, weighed ``w = stall_weight`` against the spilled request's own wait.
         """
         home_load = int(loads[home])
         if home_load <= saving_tokens:
@@ -322,6 +369,13 @@ class PrefixPicker:
         target_load = int(loads[least])
         if home_load - target_load <= saving_tokens + target_load:
             return -1  # the gain does not pay for the queue the request joins
+        if in_flight is None or self.stall_weight <= 0.0 or saving_tokens <= 0.0:
+            return least
+        stalled = int(in_flight()[least])
+        if home_load - target_load <= saving_tokens + target_load + (
+            self.stall_weight * saving_tokens * stalled
+        ):
+            return -1  # nor for the decodes its re-prefill stalls there
         return least
 
     def _saving_tokens(self, keys: list[tuple[int, int]], depth: int) -> float:

@@ -50,8 +50,14 @@ Algorithm
        affinity saves spilled a cached agent session off its home for one queued long
        prompt on a lightly loaded fleet, to re-prefill its whole context elsewhere and
        come back next turn (docs/history/2026-12-fleet-benchmark-default-policy.md,
-       "Sessions that change engine"). The request goes to the first key's home that is
-       within bound, trying the candidate keys in order; if none is, to the
+       "Sessions that change engine"). When that ranking still sends the request away
+       from the first home, to engine ``t``, leaving re-prefills the saving at ``t`` as a
+       cost spill would: the slack also takes rule 3's stall there, ``w · S · n_t``, and
+       the candidates are ranked again with it (past saturation on shared documents the
+       bound's spills re-prefilled as the cost spill's did: `rag` at 4x nominal 16.8 →
+       20.3 req/s in the simulator with it, the cost spill's stall already priced). The
+       request goes to the first key's home that is within bound, trying the candidate
+       keys in order; if none is, to the
        first within-bound engines of the last key's ranking (at least a ``1 - 1/c`` share
        of the weight is within bound, so this walk is short; it stops after
        ``WALK_CAP = 64`` positions). The failover ranking is the ranking of the key that
@@ -87,7 +93,18 @@ Algorithm
        infinite one (only idle engines take spills) cost `long-tail` 9 points through
        the fleet, 2 trades the long-prompt families' TTFT p99 (up to 1.22x) for 1-2 %
        more on `bursts` (docs/history/2026-12-fleet-benchmark-default-policy.md,
-       "The cost spill's price"). A session id the client declared is never cost-spilled.
+       "The cost spill's price"). The spill also pays for the decodes its re-prefill
+       stalls: with ``n_t`` the requests in flight at ``t`` (the view's in-flight count;
+       read only when a request would leave its home) and ``w = stall_weight``, it goes
+       iff ``L_home - L_t > saving + L_t + w · saving · n_t``. An engine prefills in chunks
+       that share each step with its decodes, so the re-prefilled saving holds up every
+       request decoding at ``t`` for that prefill, between two of its tokens. A queue
+       count cannot see this: past the fleet's capacity on shared documents the engines
+       are decode-bound with short prefill queues, and spills even onto engines with no
+       queued prefill at all re-prefilled enough to push the decodes over the TBOT SLO
+       (`rag` at 4x nominal: 11.3 req/s of goodput, `cache-aware` 26.2; 16.8 with this
+       stall priced; docs/fleet-benchmark.md, "The re-prefill's stall"). A session id the
+       client declared is never cost-spilled.
 
 Why shallowest first
     The shallowest group is the largest set of requests sharing a prefix, so routing by
@@ -145,6 +162,22 @@ Tunables
         4 seeds × 32 cells: a = 1 within 0.6 % of a = 0 in every family except bursts at
         0.7 (−1.8 %, p99 4.2 → 3.2 s), and a = 0.5 or 2 within 1.4 % of a = 1 in every
         cell (docs/history/2026-12-fleet-benchmark-default-policy.md).
+    ``stall_weight`` : float >= 0, tokens of queue per token re-prefilled per request in
+        flight at the target; default 0.1. ``w`` of rules 2 and 3: what one decode's stall weighs
+        against the spilled request's own wait. A stall of ``D`` seconds spread over a
+        decode of ``o`` tokens raises its mean TBOT by ``D / o``; a wait of ``D`` raises a
+        TTFT by ``D``. Measured against their SLOs, one stall weighs
+        ``SLO_ttft / (o · SLO_tbot)`` of a wait: 0.1 at 2 s / 0.1 s and ``o = 200`` (the
+        families' mean output, lognormal with median 150). Longer outputs (reasoning) call
+        for less, shorter ones (tool calls) for more. ``n_t`` is what the view counts: this
+        host's attempts (``p`` proxies each see about ``1/p``, an effective ``w / p``).
+        Simulator, 8 seeds × 32 nominal cells at 1 × 1 and 4 × 2 against ``w = 0``:
+        goodput within −1.0 % / +2.2 % in every cell (geometric mean +0.15 % / +0.25 %),
+        `bursts` +1.1 to +2.2 %; past saturation (2 seeds) `rag` 4x 11.3 → 20.3 req/s,
+        `bursts` 2.5x 14.1 → 16.2, 4x 15.1 → 19.8. ``w`` = 0.03 / 0.3 / 1 give 17.9 / 19.4
+        / 20.3 on `rag` 4x but cost `prefix-tree` 0.9 (4 seeds) 0.0 / −3.2 / −8.5 %
+        (0.1: −1.2 % at 4 seeds, −1.0 % at 8), whose spills buy the TTFT it misses
+        (docs/fleet-benchmark.md, "The re-prefill's stall").
     ``order`` : ``"shallow"`` (default) or ``"deep"``.
 
 Invariants
@@ -160,7 +193,9 @@ Cost per request
     ``16 · ceil(log16(n / 16)) + 16`` hashes: 50 at 10,000 engines), one more descent
     per further candidate tried and per over-bound engine the bounded fallback walks
     past, one load chunk (256 engines) re-read and a memcmp of the n-byte eligibility
-    mask against the cached tree's (the one O(n) step), all in the compiled core
+    mask against the cached tree's (the one O(n) step; a request that would leave its home
+    also reads the view's in-flight counts, one O(n) copy in the proxy, and when the load
+    bound sends it away ranks the candidates a second time), all in the compiled core
     (``fastroute/_core/prefix.pyx`` and ``selector.pyx``; their specs ``prefix_py.py``
     and ``selector_tree.py``). The trie is built once per table and eligibility mask
     (O(n log n): 0.02 ms at 100 engines, 0.2 ms at 1,000, 3 ms at 10,000), so a fleet whose
@@ -257,6 +292,10 @@ class PrefixHRW(Policy):
         ``a >= 0``: the first candidate's home keeps the request while its queued prompt
         tokens exceed the bound by at most ``a`` times the request's saving there;
         default 1.0.
+    stall_weight : float
+        ``w >= 0``: leaving the home (the load bound or the cost spill) also pays ``w``
+        times the saving per request in flight where the request would go (the decodes
+        its re-prefill stalls); default 0.1.
     order : {"shallow", "deep"}
         Which depth key is tried first; default ``"shallow"``.
     """
@@ -273,6 +312,7 @@ class PrefixHRW(Policy):
         hot_share_factor: float = 0.5,
         hot_half_life_requests: float = 1024.0,
         affinity_slack: float = 1.0,
+        stall_weight: float = 0.1,
         order: str = "shallow",
     ) -> None:
         if not isinstance(block_bytes, int) or block_bytes < MIN_BLOCK_BYTES:
@@ -306,6 +346,8 @@ class PrefixHRW(Policy):
             raise PolicyConfigError(
                 f"prefix-hrw: affinity_slack must be >= 0, got {affinity_slack!r}"
             )
+        if not stall_weight >= 0:
+            raise PolicyConfigError(f"prefix-hrw: stall_weight must be >= 0, got {stall_weight!r}")
         if order not in _ORDERS:
             raise PolicyConfigError(f"prefix-hrw: order must be one of {_ORDERS}, got {order!r}")
         self.block_bytes = block_bytes
@@ -314,6 +356,7 @@ class PrefixHRW(Policy):
         self.hot_share_factor = float(hot_share_factor)
         self.hot_half_life_requests = float(hot_half_life_requests)
         self.affinity_slack = float(affinity_slack)
+        self.stall_weight = float(stall_weight)
         self.order = order
         self._picker = PrefixPicker(
             block_bytes,
@@ -324,6 +367,7 @@ class PrefixHRW(Policy):
             deep=order == "deep",
             bytes_per_token=float(BYTES_PER_TOKEN),
             affinity_slack=self.affinity_slack,
+            stall_weight=self.stall_weight,
         )
 
     @property
@@ -344,7 +388,7 @@ class PrefixHRW(Policy):
         check_k(k)
         loads = _prefill_loads(view)
         ranked, reason, depth, cached = self._picker.choose(
-            view.selector, request, view.eligible(request.row), loads, k
+            view.selector, request, view.eligible(request.row), loads, k, view.in_flight
         )
         if not ranked:
             return self._empty()
@@ -376,5 +420,6 @@ class PrefixHRW(Policy):
             f"<PrefixHRW block_bytes={self.block_bytes} prefix_bytes={self.prefix_bytes} "
             f"balance_factor={self.balance_factor} hot_share_factor={self.hot_share_factor} "
             f"hot_half_life_requests={self.hot_half_life_requests} "
-            f"affinity_slack={self.affinity_slack} order={self.order!r}>"
+            f"affinity_slack={self.affinity_slack} stall_weight={self.stall_weight} "
+            f"order={self.order!r}>"
         )

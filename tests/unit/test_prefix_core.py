@@ -112,8 +112,9 @@ if "cy" in PICKERS:
         return RouteRequest(key, 0, int(rng.integers(0, 3000)), prefix, output, depth)
 
     def test_compiled_decisions_match_the_spec() -> None:
-        """choose and on_routed agree exactly on random fleets, masks, loads and requests
-        (including ties at the least load, many and few, and over-bound homes)."""
+        """choose and on_routed agree exactly on random fleets, masks, loads, in-flight
+        counts and requests (including ties at the least load, many and few, and
+        over-bound homes)."""
         rng = np.random.default_rng(5)
         for trial in range(12):
             n = int(rng.integers(1, 40))
@@ -123,9 +124,10 @@ if "cy" in PICKERS:
             sel = _core.SelectorC(ids, weights)
             params = (256, 8192, float(rng.choice([1.0, 1.25, 2.0])), 0.5, 50.0)
             deep = bool(trial % 3 == 0)
+            stall = float(rng.choice([0.0, 0.1, 1.0]))
             py, cy = (
-                _core.PrefixPickerPy(*params, deep=deep),
-                _core.PrefixPickerC(*params, deep=deep),
+                _core.PrefixPickerPy(*params, deep=deep, stall_weight=stall),
+                _core.PrefixPickerC(*params, deep=deep, stall_weight=stall),
             )
             shared = [bytes(rng.integers(97, 123, size=1500, dtype=np.uint8)) for _ in range(4)]
             for step in range(300):
@@ -136,8 +138,10 @@ if "cy" in PICKERS:
                     loads[int(rng.integers(0, n))] += 10**6
                 request = _scenario_request(rng, shared)
                 k = int(rng.integers(1, 10))
-                assert py.choose(sel, request, mask, loads, k) == cy.choose(
-                    sel, request, mask, loads, k
+                counts = rng.integers(0, 40, size=n).astype(np.int64)
+                in_flight = None if step % 5 == 0 else (lambda c=counts: c)
+                assert py.choose(sel, request, mask, loads, k, in_flight) == cy.choose(
+                    sel, request, mask, loads, k, in_flight
                 ), (trial, step)
                 routed = request if rng.random() < 0.9 else _scenario_request(rng, shared)
                 py.on_routed(routed)

@@ -174,3 +174,35 @@ def test_a_keylog_4x1_spec_is_its_family_spec_at_four_workers_with_and_without(
     shared, alone = (variant.fastroute_variants[n] for n in variant.routers)
     assert (shared.workers, shared.proxies, shared.proxy) == (4, 1, {})
     assert (alone.workers, alone.proxies, alone.proxy) == (4, 1, {"key_log_entries": 0})
+
+
+@pytest.mark.parametrize("family", ["bursts-90", "prefix-tree-90"])
+def test_a_stall_spec_is_its_family_spec_with_and_without_the_stall_price(family: str) -> None:
+    """The stall runs (docs/fleet-benchmark.md "Beyond the nominal loads") send the family
+    spec's requests to the default and to the default without the re-prefill's stall."""
+    base = load_spec(SPECS / f"{family}.toml")
+    variant = load_spec(SPECS / "sensitivity" / f"stall-{family}.toml")
+    _assert_same_requests(base, variant)
+    assert variant.routers == ("fastroute", "stall0")
+    without = variant.fastroute_variants["stall0"]
+    assert (without.policy, without.params) == ("prefix-hrw", {"stall_weight": 0.0})
+
+
+@pytest.mark.parametrize(
+    ("family", "name", "load"), [("rag", "rag-400", 4.0), ("bursts", "bursts-250", 2.5)]
+)
+def test_a_saturation_stall_spec_is_its_family_spec_at_a_higher_load(
+    family: str, name: str, load: float
+) -> None:
+    """The saturation runs send the 90 % spec's family, fleet, seed and SLOs at ``load``."""
+    base = load_spec(SPECS / f"{family}-90.toml")
+    variant = load_spec(SPECS / "sensitivity" / f"stall-{name}.toml")
+    assert (variant.family, variant.fleet, variant.seed, variant.slo) == (
+        base.family,
+        base.fleet,
+        base.seed,
+        base.slo,
+    )
+    assert variant.load == load
+    assert variant.routers == ("fastroute", "stall0", "fastroute:cache-aware")
+    assert variant.fastroute_variants["stall0"].params == {"stall_weight": 0.0}

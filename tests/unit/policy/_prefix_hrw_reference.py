@@ -42,6 +42,15 @@ ranking, as the cost spill computes it), because on a lightly loaded fleet one q
 prompt put a cached agent session's home over a bound that ignored what staying saves, and
 the session re-prefilled its whole context elsewhere (then came back: 14 % of consecutive
 turns changed engine through the fleet, and its p99 TTFT was 2.2x sglang-router's).
+
+Re-recorded a seventh time, deliberately (2026-12-07, issue 20 "default policy", the
+re-prefill's stall): the cost spill also pays ``stall_weight`` times the saving per request
+in flight at its target, and the first home's load-bound slack grows by the same stall at
+the engine the bound would send the request to (ranked again with it), because the
+re-prefilled saving stalls every decode there between two of its tokens; past the fleet's
+capacity on shared documents the spills' re-prefills pushed the decodes over the TBOT SLO
+(`rag` at 4x nominal: 11.3 req/s of goodput against `cache-aware`'s 26.2 in the simulator;
+20.3 with the stall priced in both rules).
 """
 
 from __future__ import annotations
@@ -208,6 +217,9 @@ class ReferencePrefixHRW(Policy):
     affinity_slack : float
         ``>= 0``: the first home's load bound is relaxed by this times the saving, tokens
         per saved token; default 1.0.
+    stall_weight : float
+        ``>= 0``: the cost spill also pays this times the saving per request in flight at
+        its target; default 0.1.
     """
 
     name: ClassVar[str] = "prefix-hrw"
@@ -223,6 +235,7 @@ class ReferencePrefixHRW(Policy):
         hot_half_life_requests: float = 1024.0,
         order: str = "shallow",
         affinity_slack: float = 1.0,
+        stall_weight: float = 0.1,
     ) -> None:
         if not isinstance(block_bytes, int) or block_bytes < MIN_BLOCK_BYTES:
             raise PolicyConfigError(
@@ -255,6 +268,7 @@ class ReferencePrefixHRW(Policy):
         self.hot_half_life_requests = float(hot_half_life_requests)
         self.order = order
         self.affinity_slack = float(affinity_slack)
+        self.stall_weight = float(stall_weight)
         self.hot = HotKeys(self.hot_half_life_requests)
         self.seen = HotKeys(self.hot_half_life_requests)
         # The keys of the last decided request, for on_routed (same request object).
@@ -286,15 +300,18 @@ class ReferencePrefixHRW(Policy):
         n_eligible = int(np.count_nonzero(mask))
         cold = n_eligible > 1 and self.hot.requests < 2 * n_eligible
         home_saving = self._saving_tokens(keys, 0 if cold else candidates[0][0])
+        candidate_keys = [h for _, h in candidates]
+        slack = int(self.affinity_slack * home_saving)
         ranked, used = view.selector.tree_rank_prefix(
-            [h for _, h in candidates],
-            request.row,
-            k,
-            loads,
-            self.balance_factor,
-            mask,
-            int(self.affinity_slack * home_saving),
+            candidate_keys, request.row, k, loads, self.balance_factor, mask, slack
         )
+        if ranked and used > 0 and self.stall_weight > 0:
+            # Leaving the home also stalls the decodes where the bound sends it.
+            stall = int(self.stall_weight * home_saving * int(view.in_flight()[ranked[0]]))
+            if stall > 0:
+                ranked, used = view.selector.tree_rank_prefix(
+                    candidate_keys, request.row, k, loads, self.balance_factor, mask, slack + stall
+                )
         if not ranked:
             return self._empty()
         if used >= len(candidates):
@@ -331,7 +348,8 @@ class ReferencePrefixHRW(Policy):
         else -1.
 
         The saving is :meth:`_saving_tokens`; the extra queue is the home's queued tokens
-        minus the least-loaded engine's, which must also exceed that engine's own load.
+        minus the least-loaded engine's, which must also exceed that engine's own load
+        and ``stall_weight`` times the saving per request in flight there.
         """
         home_load = int(loads[home])
         if home_load <= saving_tokens:
@@ -343,6 +361,9 @@ class ReferencePrefixHRW(Policy):
             return -1
         if home_load - int(loads[least]) <= saving_tokens + int(loads[least]):
             return -1  # the spill must also pay for the queue it joins
+        stall = self.stall_weight * saving_tokens * int(view.in_flight()[least])
+        if home_load - int(loads[least]) <= saving_tokens + int(loads[least]) + stall:
+            return -1  # and for the decodes its re-prefill stalls there
         return least
 
     def _saving_tokens(self, keys: list[tuple[int, int]], depth: int) -> float:

@@ -292,16 +292,25 @@ def test_the_cost_spill_weighs_the_homes_extra_queue_against_the_cached_prefix()
     assert (decision.chosen, decision.reason) == (least, "cost-spill")
 
 
+def _routed_once(
+    policy: PrefixHRW, seed: int
+) -> tuple[StaticFleetView, PrefixHRW, RouteRequest, int]:
+    """``policy`` warmed on a 4-engine queued view, after routing one 4200-byte request
+    (seed ``seed``) to its home: its 4096-byte depth is seen, a 1024-token saving. Returns
+    the view, the policy, the request and its home."""
+    view = _queued_view()
+    _warmed(policy, view)
+    request = _request(_text(seed, 4200), tokens=1100)
+    first = policy.choose(request, view)
+    policy.on_routed(request, first.engine_ids[0])
+    return view, policy, request, first.chosen
+
+
 def test_the_cost_spill_pays_for_the_queue_it_joins() -> None:
     """A spilled request prefills its prefix again and delays whatever queues behind it
     at the target, so it goes only when the home's extra queue exceeds the saving (1024
     tokens: the request's 4096-byte depth was seen) plus the target's own queue."""
-    view = _queued_view()
-    policy = _warmed(PrefixHRW(balance_factor=100.0), view)
-    request = _request(_text(23, 4200), tokens=1100)
-    first = policy.choose(request, view)
-    policy.on_routed(request, first.engine_ids[0])
-    home = first.chosen
+    view, policy, request, home = _routed_once(PrefixHRW(balance_factor=100.0), 23)
     view.queued_loads[:] = 9000
     view.queued_loads[home] = 5000
     target = (home + 2) % 4
@@ -313,30 +322,72 @@ def test_the_cost_spill_pays_for_the_queue_it_joins() -> None:
     assert (decision.chosen, decision.reason) == (target, "cost-spill")
 
 
+def test_the_cost_spill_pays_for_the_decodes_its_re_prefill_stalls() -> None:
+    """The re-prefilled saving (1024 tokens) stalls every request in flight at the target
+    between two of its tokens: at ``stall_weight = 0.1`` each of them costs the spill
+    102.4 tokens of queue more, so with 10 in flight the home's extra queue must exceed
+    1024 + L_t + 1024 (the same home and target spill with none in flight, or at
+    ``stall_weight = 0``). Only the target's in-flight count matters."""
+    for weight, in_flight, spills in [(0.1, 0, True), (0.1, 10, False), (0.0, 10, True)]:
+        policy = PrefixHRW(balance_factor=100.0, stall_weight=weight)
+        view, policy, request, home = _routed_once(policy, 23)
+        target = (home + 2) % 4
+        view.queued_loads[:] = 9000
+        view.queued_loads[home] = 2000  # 2000 - 0 > 1024 + 0, not > 1024 + 0 + 1024
+        view.queued_loads[target] = 0
+        view.loads[:] = 50  # the home and the others: no part of the price
+        view.loads[target] = in_flight
+        decision = policy.choose(request, view)
+        want = (target, "cost-spill") if spills else (home, "prefix-home")
+        assert (decision.chosen, decision.reason) == want, (weight, in_flight)
+        view.queued_loads[home] = 2049  # 2049 > 1024 + 1024: over the stall's price
+        assert policy.choose(request, view).chosen == target
+    with pytest.raises(PolicyConfigError, match="stall_weight"):
+        make_policy("prefix-hrw", stall_weight=-0.1)
+
+
+def test_the_load_bound_yields_only_past_the_stall_its_spill_would_cause() -> None:
+    """Leaving the first home over its bound re-prefills the saving (1024 tokens) where the
+    bound sends the request, so the home's slack grows by that engine's stall, ``w · 1024 ·
+    n_t``: with 20 requests in flight there (2048 tokens) a home at 2400 queued tokens keeps
+    the request (4 engines, c = 2: 4 (2400 - 1024 - 2048) <= 2 (300 + 2400)) where the
+    plain slack (4 (2400 - 1024) > 2 · 2700) spills it, and so does a target with nothing
+    in flight. The cost spill prices the same stall, so it does not take the request
+    either (2400 - 100 <= 1024 + 100 + 2048)."""
+    for weight, in_flight, stays in [(0.1, 20, True), (0.0, 20, False), (0.1, 0, False)]:
+        view, policy, request, home = _routed_once(PrefixHRW(stall_weight=weight), 24)
+        view.queued_loads[:] = 100
+        view.queued_loads[home] = 2400
+        view.loads[:] = in_flight
+        view.loads[home] = 0  # the home's own count is no part of the price
+        decision = policy.choose(request, view)
+        if stays:
+            assert (decision.chosen, decision.reason) == (home, "prefix-home")
+        else:
+            assert decision.chosen != home, (weight, in_flight)
+            assert decision.reason in ("prefix-spill", "bounded-spill", "cost-spill")
+
+
 def test_the_load_bound_yields_by_what_staying_saves() -> None:
     """Rule 2 with ``affinity_slack``: the first home keeps the request while its queue
     less the saving (1024 tokens: the request's 4096-byte depth was seen) is within bound;
     at ``affinity_slack = 0`` any excess spills it (the bound of requests that save
     nothing). The cost spill still decides once the queue is worth more than the cache."""
     for slack, stays in [(1.0, True), (0.0, False)]:
-        view = _queued_view()
-        policy = _warmed(PrefixHRW(affinity_slack=slack), view)
-        request = _request(_text(24, 4200), tokens=1100)
-        first = policy.choose(request, view)
-        policy.on_routed(request, first.engine_ids[0])
+        view, policy, request, home = _routed_once(PrefixHRW(affinity_slack=slack), 24)
         view.queued_loads[:] = 100
         # Over 4 engines at c = 2 the bound is 4 L <= 2 (300 + L), L <= 300; the cost
         # spill needs L - 100 > 1024 + 100.
-        view.queued_loads[first.chosen] = 1000
+        view.queued_loads[home] = 1000
         decision = policy.choose(request, view)
         if stays:  # 4 (1000 - 1024) <= 2 * 1300
-            assert (decision.chosen, decision.reason) == (first.chosen, "prefix-home")
+            assert (decision.chosen, decision.reason) == (home, "prefix-home")
         else:
-            assert decision.chosen != first.chosen
+            assert decision.chosen != home
             assert decision.reason in ("prefix-spill", "bounded-spill")
-        view.queued_loads[first.chosen] = 1300
+        view.queued_loads[home] = 1300
         decision = policy.choose(request, view)
-        assert decision.chosen != first.chosen
+        assert decision.chosen != home
         assert decision.reason == "cost-spill" if stays else decision.reason != "prefix-home"
     with pytest.raises(PolicyConfigError, match="affinity_slack"):
         make_policy("prefix-hrw", affinity_slack=-0.5)

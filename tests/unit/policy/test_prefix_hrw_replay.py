@@ -36,8 +36,14 @@ PARAMS = [
         "hot_share_factor": 1.0,
         "hot_half_life_requests": 300.0,
         "affinity_slack": 3.0,
+        "stall_weight": 1.0,
     },
-    {"block_bytes": 256, "prefix_bytes": 4096, "hot_half_life_requests": 100.0},
+    {
+        "block_bytes": 256,
+        "prefix_bytes": 4096,
+        "hot_half_life_requests": 100.0,
+        "stall_weight": 0.0,
+    },
 ]
 
 
@@ -76,6 +82,7 @@ def _replay(n_engines: int, params: dict, seed: int) -> Counter:
     new = StaticFleetView(ids, weights)
     old = StaticFleetView(ids, weights, selector=SelectorPy(ids, weights))
     old.token_loads = new.token_loads  # one load array: both see the same fleet
+    old.loads = new.loads
     policy, reference = PrefixHRW(**params), ReferencePrefixHRW(**params)
     system = _text(rng, 2048)
     conversations = [_text(rng, int(rng.integers(600, 6000))) for _ in range(24)]
@@ -90,6 +97,7 @@ def _replay(n_engines: int, params: dict, seed: int) -> Counter:
             old.set_available(mask)
         if step % 211 == 100:  # an idle phase: everything finished
             new.token_loads[:] = 0
+            new.loads[:] = 0
             in_flight.clear()
         if step % 53 == 7:  # one engine far over its bound for a while
             new.token_loads[rng.integers(0, n_engines)] += 10**6
@@ -112,11 +120,13 @@ def _replay(n_engines: int, params: dict, seed: int) -> Counter:
         reference.on_routed(routed, want.engine_ids[0])
         tokens = request.prompt_tokens + (request.expected_output_tokens or 0)
         new.token_loads[got.ranked[0]] += tokens
+        new.loads[got.ranked[0]] += 1
         in_flight.append((got.ranked[0], tokens, step + int(rng.integers(1, 60))))
         done = [f for f in in_flight if f[2] <= step]
         in_flight = [f for f in in_flight if f[2] > step]
         for engine, tokens_done, _ in done:
             new.token_loads[engine] = max(0, new.token_loads[engine] - tokens_done)
+            new.loads[engine] = max(0, new.loads[engine] - 1)
     return reasons
 
 
