@@ -546,8 +546,7 @@ cdef class PrefixPicker:
                in_flight=None):
         """Decide ``request`` over ``available`` and ``loads`` (``in_flight``: a callable
         returning the requests in flight per engine, read only when the request would leave
-        its home):
-        ``(ranked, reason, depth, cached_tokens)`` as the spec."""
+        its home): ``(ranked, reason, depth, cached_tokens)`` as the spec."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         cdef Py_ssize_t row = request.row

@@ -179,8 +179,9 @@ class PrefixPicker:
         The policy's tunable: how far (in units of the request's saving) the first
         candidate's home may be above the load bound and keep the request.
     stall_weight : float
-        The policy's tunable: the cost spill charges this times the saving per request in
-        flight at the target (the decodes the re-prefill stalls there).
+        The policy's tunable: leaving the home (the load bound's yield, the cost spill)
+        pays this times the saving per request in flight where the request would go (the
+        decodes the re-prefill stalls there).
     deep : bool
         Try the deepest key first (``order = "deep"``).
     bytes_per_token : float
