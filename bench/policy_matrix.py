@@ -5,8 +5,10 @@
     python bench/policy_matrix.py --policies my-policy    # add a policy to the default four
     python bench/policy_matrix.py --families rag,chat --routers cache-aware --out out/m
     python bench/policy_matrix.py --configs 4x2 --set dataplane.peer_poll_interval_s=1
+    python bench/policy_matrix.py --families examples/scenarios/azure-conv.toml --loads 0.9,1.2
 
-Every cell is one simulator run of ``examples/scenarios/families/<family>.toml`` with its
+Every cell is one simulator run of ``examples/scenarios/families/<family>.toml`` (or of the
+scenario file a ``--families`` entry ending in ``.toml`` names) with its
 ``target_load``, ``dataplane.workers`` and ``dataplane.proxies`` set, the policy and the
 seed. Per family it prints and writes (``<out>/<family>.md``) a markdown table, one row
 per (policy, workers x proxies, load) averaged over the seeds: goodput (requests/s meeting
@@ -135,7 +137,8 @@ def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
     seeds = range(1, 1 + (QUICK_SEEDS if args.quick else args.seeds))
     loads = QUICK_LOADS if args.quick and args.loads is None else (args.loads or LOADS)
     cells = []
-    for family in args.families:
+    for entry in args.families:
+        family, path = scenario_of(entry)
         for policy in args.routers:
             for workers, proxies in args.configs:
                 for load in loads:
@@ -143,7 +146,7 @@ def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
                         cells.append(
                             {
                                 "family": family,
-                                "path": str(FAMILY_DIR / f"{family}.toml"),
+                                "path": str(path),
                                 "policy": policy,
                                 "load": load,
                                 "seed": seed,
@@ -164,6 +167,15 @@ def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
                             }
                         )
     return cells
+
+
+def scenario_of(entry: str) -> tuple[str, Path]:
+    """``(name, scenario file)`` of a ``--families`` entry: a family name (its file under
+    ``FAMILY_DIR``) or the path of any scenario file ending in ``.toml`` (named by its stem),
+    e.g. a trace replay such as ``examples/scenarios/azure-conv.toml``."""
+    if entry.endswith(".toml"):
+        return Path(entry).stem, Path(entry)
+    return entry, FAMILY_DIR / f"{entry}.toml"
 
 
 def _csv(text: str) -> list[str]:
@@ -188,7 +200,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     from fastroute.policy.registry import POLICIES
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--families", type=_csv, default=list(FAMILIES), help="comma list")
+    ap.add_argument(
+        "--families",
+        type=_csv,
+        default=list(FAMILIES),
+        help="comma list of family names or scenario .toml paths",
+    )
     ap.add_argument(
         "--routers",
         type=_csv,
@@ -230,9 +247,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [p for p in args.routers if p not in POLICIES]
     if unknown:
         ap.error(f"unknown policies {unknown}; registered: {sorted(POLICIES)}")
-    missing = [f for f in args.families if not (FAMILY_DIR / f"{f}.toml").is_file()]
+    missing = [f for f in args.families if not scenario_of(f)[1].is_file()]
     if missing:
-        ap.error(f"no scenario for families {missing} in {FAMILY_DIR}")
+        ap.error(f"no scenario for families {missing} (names in {FAMILY_DIR}, or .toml paths)")
     if args.seeds < 1 or args.jobs < 1:
         ap.error("--seeds and --jobs must be >= 1")
     return args
@@ -259,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     wall = time.perf_counter() - wall0
     args.out.mkdir(parents=True, exist_ok=True)
-    for family in args.families:
+    for family in (scenario_of(entry)[0] for entry in args.families):
         table = family_table([r for r in results if r["family"] == family])
         text = f"## {family}\n\n{table}\n"
         (args.out / f"{family}.md").write_text(text)

@@ -280,3 +280,22 @@ def test_policy_matrix_configs_and_settings(tmp_path):
     assert cell["label"] == "round-robin dataplane.peer_poll_interval_s=1"
     with pytest.raises(SystemExit):
         matrix.parse_args([*argv, "--set", "no-equals-sign"])
+
+
+def test_policy_matrix_takes_a_scenario_path_as_a_family():
+    """A ``--families`` entry ending in ``.toml`` is a scenario file, named by its stem
+    (the Azure trace replay); a name is a family under ``FAMILY_DIR``."""
+    spec = importlib.util.spec_from_file_location(
+        "policy_matrix", REPO / "bench" / "policy_matrix.py"
+    )
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    replay = str(REPO / "examples" / "scenarios" / "azure-conv.toml")
+    args = matrix.parse_args(["--families", f"rag,{replay}", "--routers", "round-robin"])
+    cells = matrix.build_cells(args)
+    assert {(c["family"], c["path"]) for c in cells} == {
+        ("rag", str(matrix.FAMILY_DIR / "rag.toml")),
+        ("azure-conv", replay),
+    }
+    with pytest.raises(SystemExit):
+        matrix.parse_args(["--families", "examples/no-such-scenario.toml"])
