@@ -233,12 +233,18 @@ def test_family_scenario_files_load():
         assert {v.name for v in sc.variants} == {"load-70", "load-90"}
 
 
-def test_policy_matrix_quick_mode_on_a_tiny_case(tmp_path, capsys):
+def _policy_matrix():
+    """``bench/policy_matrix.py`` as a module (bench/ is not a package)."""
     spec = importlib.util.spec_from_file_location(
         "policy_matrix", REPO / "bench" / "policy_matrix.py"
     )
     matrix = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(matrix)
+    return matrix
+
+
+def test_policy_matrix_quick_mode_on_a_tiny_case(tmp_path, capsys):
+    matrix = _policy_matrix()
     argv = [
         "--quick",
         "--families",
@@ -265,11 +271,7 @@ def test_policy_matrix_quick_mode_on_a_tiny_case(tmp_path, capsys):
 
 
 def test_policy_matrix_configs_and_settings(tmp_path):
-    spec = importlib.util.spec_from_file_location(
-        "policy_matrix", REPO / "bench" / "policy_matrix.py"
-    )
-    matrix = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(matrix)
+    matrix = _policy_matrix()
     argv = ["--quick", "--families", "hot-prompt", "--routers", "round-robin"]
     args = matrix.parse_args(
         [*argv, "--configs", "8x1", "--set", "dataplane.peer_poll_interval_s=1", "--out", "x"]
@@ -285,11 +287,7 @@ def test_policy_matrix_configs_and_settings(tmp_path):
 def test_policy_matrix_takes_a_scenario_path_as_a_family():
     """A ``--families`` entry ending in ``.toml`` is a scenario file, named by its stem
     (the Azure trace replay); a name is a family under ``FAMILY_DIR``."""
-    spec = importlib.util.spec_from_file_location(
-        "policy_matrix", REPO / "bench" / "policy_matrix.py"
-    )
-    matrix = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(matrix)
+    matrix = _policy_matrix()
     replay = str(REPO / "examples" / "scenarios" / "azure-conv.toml")
     args = matrix.parse_args(["--families", f"rag,{replay}", "--routers", "round-robin"])
     cells = matrix.build_cells(args)
