@@ -18,8 +18,9 @@ workers, :mod:`fastroute.tables.key_log`, or a ``bytearray`` in the simulator):
 - ``capacity`` entries of :data:`ENTRY_WORDS` words: ``seq`` (the entry's position + 1
   once published, 0 while it is written), ``meta`` (writer id in bits 0-31, channel in
   32-39, key count in 40-47, count the share table observes in 48-55, bit 56
-  :data:`IMPORTED`), then up to :data:`~fastroute._core.prefix_py.MAX_DEPTH_KEYS` key
-  hashes.
+  :data:`IMPORTED`), ``engine`` (the id of the engine the request was routed to, 0 if
+  not known; layout version 2), then up to
+  :data:`~fastroute._core.prefix_py.MAX_DEPTH_KEYS` key hashes.
 
 Publish: ``position = head++`` (atomic); ``seq = 0``; fence; meta and keys;
 ``seq = position + 1`` (release). Drain, from the reader's next position to ``head``:
@@ -28,8 +29,9 @@ entries were overwritten: counted ``lost``); an entry whose ``seq`` is not its p
 before and after copying it is being written or was overwritten meanwhile, and is
 skipped (``lost``: no reader ever waits on a writer, so a writer killed mid-entry stalls
 nobody). A valid entry of another writer on the reader's channel is observed: its first
-``n_observe`` keys into the share table, all of them into the seen table, one request
-each, as ``PrefixPicker.on_routed`` does for the worker's own requests. A new reader
+``n_observe`` keys into the share table, all of them into the seen table with its engine
+(each key's last placement), one request each, as ``PrefixPicker.on_routed`` does for the
+worker's own requests. A new reader
 starts ``capacity`` entries back (or at 0): a worker that starts or reloads warms its
 tables with the host's recent requests instead of deciding cold.
 
@@ -64,11 +66,11 @@ __all__ = [
 
 #: First word of a valid log ("FRKEYLOG").
 KEY_LOG_MAGIC = int.from_bytes(b"FRKEYLOG", "little")
-KEY_LOG_VERSION = 1
+KEY_LOG_VERSION = 2
 #: Header words (magic, version, capacity, entry words, head, three reserved).
 HEADER_WORDS = 8
-#: Words per entry: seq, meta and the keys of one request.
-ENTRY_WORDS = 2 + MAX_DEPTH_KEYS
+#: Words per entry: seq, meta, engine and the keys of one request.
+ENTRY_WORDS = 3 + MAX_DEPTH_KEYS
 #: Channels are 8 bits of an entry's meta word.
 MAX_CHANNEL = 255
 #: Meta bit of an entry another proxy's log held first (not exported again).
@@ -160,19 +162,24 @@ class KeyLog:
     def _entry_at(self, position: int) -> int:
         return 8 * (HEADER_WORDS + (position & (self.capacity - 1)) * ENTRY_WORDS)
 
-    def publish(self, keys: list[int], n_observe: int) -> None:
+    def publish(self, keys: list[int], n_observe: int, engine_id: int = 0) -> None:
         """Append one routed request's ``keys`` (at most ``MAX_DEPTH_KEYS``), of which the
-        first ``n_observe`` count in the share table."""
-        self._append(keys, n_observe, self.channel, 0)
+        first ``n_observe`` count in the share table, and the engine it was routed to
+        (0: not known)."""
+        self._append(keys, n_observe, self.channel, 0, engine_id)
 
-    def publish_imported(self, keys: list[int], n_observe: int, channel: int) -> None:
+    def publish_imported(
+        self, keys: list[int], n_observe: int, channel: int, engine_id: int = 0
+    ) -> None:
         """Append an entry another proxy's log exported (:meth:`export`), on ``channel``
         (0-255) and marked :data:`IMPORTED`."""
         if not 0 <= channel <= MAX_CHANNEL:
             raise ValueError(f"channel must be 0-{MAX_CHANNEL}, got {channel}")
-        self._append(keys, n_observe, channel, IMPORTED)
+        self._append(keys, n_observe, channel, IMPORTED, engine_id)
 
-    def _append(self, keys: list[int], n_observe: int, channel: int, flags: int) -> None:
+    def _append(
+        self, keys: list[int], n_observe: int, channel: int, flags: int, engine_id: int
+    ) -> None:
         atomic = self._atomic
         n_keys = min(len(keys), MAX_DEPTH_KEYS)
         n_observe = max(0, min(n_observe, n_keys))
@@ -186,24 +193,26 @@ class KeyLog:
         atomic.fence()
         meta = self.writer_id | channel << 32 | n_keys << 40 | n_observe << 48 | flags
         atomic.store_u64(at + 8, meta)
+        atomic.store_u64(at + 16, engine_id)
         for j in range(n_keys):
-            atomic.store_u64(at + 16 + 8 * j, keys[j])
+            atomic.store_u64(at + 24 + 8 * j, keys[j])
         atomic.store_u64(at, position + 1)
 
-    def _read(self, position: int) -> tuple[int, list[int]] | None:
-        """The entry at ``position`` as (meta, keys); None if it is being written or was
-        overwritten (counted ``lost``)."""
+    def _read(self, position: int) -> tuple[int, int, list[int]] | None:
+        """The entry at ``position`` as (meta, engine id, keys); None if it is being
+        written or was overwritten (counted ``lost``)."""
         atomic = self._atomic
         at = self._entry_at(position)
         seq = atomic.load_u64(at)
         meta = atomic.load_u64(at + 8)
+        engine_id = atomic.load_u64(at + 16)
         n_keys = (meta >> 40) & 0xFF
-        keys = [atomic.load_u64(at + 16 + 8 * j) for j in range(min(n_keys, MAX_DEPTH_KEYS))]
+        keys = [atomic.load_u64(at + 24 + 8 * j) for j in range(min(n_keys, MAX_DEPTH_KEYS))]
         atomic.fence()
         if seq != position + 1 or atomic.load_u64(at) != seq:
             self.lost += 1
             return None
-        return meta, keys
+        return meta, engine_id, keys
 
     def drain(self, hot: HotKeys, seen: HotKeys) -> int:
         """Observe the other writers' entries of this channel published since the last
@@ -216,24 +225,26 @@ class KeyLog:
         while position < head:
             entry = self._read(position)
             if entry is not None:
-                meta, keys = entry
+                meta, engine_id, keys = entry
                 if meta & _MASK32 != self.writer_id and (meta >> 32) & 0xFF == self.channel:
                     hot.observe(keys[: (meta >> 48) & 0xFF], 1.0)
-                    seen.observe(keys, 1.0)
+                    seen.observe(keys, 1.0, engine_id)
                     observed += 1
             position += 1
         self._next = position
         self.observed += observed
         return observed
 
-    def export(self, since: int, max_entries: int) -> tuple[int, list[tuple[int, int, list[int]]]]:
+    def export(
+        self, since: int, max_entries: int
+    ) -> tuple[int, list[tuple[int, int, list[int], int]]]:
         """The host's own entries (every channel, not :data:`IMPORTED`) at positions from
         ``since``, at most ``max_entries`` positions read.
 
         A ``since`` outside the entries the log holds (-1 on a first call; a log
         recreated since; more than ``capacity`` behind) starts at the oldest one held.
         Returns the position to read from next and the entries as ``(channel,
-        n_observe, keys)``; this reader's own position and counts other than ``lost``
+        n_observe, keys, engine_id)``; this reader's own position and counts other than ``lost``
         do not change.
         """
         head = self._atomic.load_i64(_HEAD_AT)
@@ -244,8 +255,8 @@ class KeyLog:
         while position < stop:
             entry = self._read(position)
             if entry is not None and not entry[0] & IMPORTED:
-                meta, keys = entry
-                entries.append(((meta >> 32) & 0xFF, (meta >> 48) & 0xFF, keys))
+                meta, engine_id, keys = entry
+                entries.append(((meta >> 32) & 0xFF, (meta >> 48) & 0xFF, keys, engine_id))
             position += 1
         return stop, entries
 

@@ -47,7 +47,7 @@ cdef enum:
     _INITIAL_SLOTS = 256    # the share table starts here and doubles
 
 if (MAX_DEPTH_KEYS != _KEYS_CAP or MAX_CANDIDATES + 1 != _CANDIDATES_CAP
-        or ENTRY_WORDS != 2 + _KEYS_CAP):
+        or ENTRY_WORDS != 3 + _KEYS_CAP):
     raise ImportError("fastroute._core.prefix was built against other prefix_py limits")
 
 cdef object _xxh3 = xxhash.xxh3_64_intdigest
@@ -62,6 +62,7 @@ cdef struct Slot:
     double weight       # as of stamp
     int64_t stamp       # the tick it was last observed; 0 marks an empty slot
     uint8_t hot         # hot at its last is_hot()
+    uint64_t engine     # engine id of its last observation, 0 if not known
 
 
 cdef int _compare_stamps(const void* a, const void* b) noexcept nogil:
@@ -136,7 +137,8 @@ cdef class HotKeys:
         free(old)
         return 0
 
-    cdef int _observe(self, const uint64_t* keys, Py_ssize_t n_keys, double weight) except -1:
+    cdef int _observe(self, const uint64_t* keys, Py_ssize_t n_keys, double weight,
+                      uint64_t engine) except -1:
         cdef int64_t t = self._t + 1
         cdef double decay = self._decay
         cdef Py_ssize_t j
@@ -156,6 +158,7 @@ cdef class HotKeys:
             else:
                 slot.weight = slot.weight * pow(decay, <double>(t - slot.stamp)) + weight
             slot.stamp = t
+            slot.engine = engine
         if self._count > self._max_keys:
             self._prune()
         return 0
@@ -199,8 +202,9 @@ cdef class HotKeys:
         slot.hot = hot
         return hot
 
-    def observe(self, keys, double weight):
-        """One request of weight ``weight`` (> 0) carried ``keys``."""
+    def observe(self, keys, double weight, uint64_t engine_id=0):
+        """One request of weight ``weight`` (> 0) carried ``keys`` and was routed to
+        ``engine_id`` (0: not known)."""
         cdef Py_ssize_t j, n = len(keys)
         cdef uint64_t* buf = <uint64_t*>malloc((n if n else 1) * sizeof(uint64_t))
         if buf == NULL:
@@ -208,13 +212,19 @@ cdef class HotKeys:
         try:
             for j in range(n):
                 buf[j] = keys[j]
-            self._observe(buf, n, weight)
+            self._observe(buf, n, weight, engine_id)
         finally:
             free(buf)
 
     def share(self, uint64_t key):
         """The key's decayed share of the observed weight, in [0, 1]; 0 if unseen."""
         return self._share(key)
+
+    def engine(self, uint64_t key):
+        """The engine the last request that carried ``key`` was routed to; 0 if unseen or
+        not known."""
+        cdef Slot* slot = self._find(key)
+        return slot.engine if slot.stamp != 0 else 0
 
     def is_hot(self, uint64_t key, double enter_share, double leave_share):
         """Whether ``key``'s group is hot, with hysteresis (see the spec)."""
@@ -230,6 +240,7 @@ cdef class HotKeys:
 cdef enum:
     _HEADER_WORDS = 8       # == keylog_py.HEADER_WORDS (checked at import)
     _HEAD_WORD = 4          # head: entries reserved so far
+    _ENTRY_WORDS = 3 + _KEYS_CAP    # seq, meta, engine, keys (== keylog_py.ENTRY_WORDS)
 
 if HEADER_WORDS != _HEADER_WORDS:
     raise ImportError("fastroute._core.prefix was built against another key log layout")
@@ -268,7 +279,7 @@ cdef class KeyLog:
                 or fr_load_acquire_u64(&self._words[0]) != _key_log_magic
                 or fr_load_acquire_u64(&self._words[1]) != _key_log_version
                 or fr_load_acquire_u64(&self._words[3]) != <uint64_t>ENTRY_WORDS
-                or <uint64_t>size < 8 * (_HEADER_WORDS + capacity * (2 + _KEYS_CAP))):
+                or <uint64_t>size < 8 * (_HEADER_WORDS + capacity * _ENTRY_WORDS)):
             self.release()
             raise ValueError("the buffer does not hold a fastroute key log of this version")
         self.capacity = <int64_t>capacity
@@ -288,14 +299,14 @@ cdef class KeyLog:
         return self._next
 
     cdef inline uint64_t* _entry(self, int64_t position) noexcept nogil:
-        return self._words + _HEADER_WORDS + (position & (self.capacity - 1)) * (2 + _KEYS_CAP)
+        return self._words + _HEADER_WORDS + (position & (self.capacity - 1)) * _ENTRY_WORDS
 
     cdef int _publish(self, const uint64_t* keys, Py_ssize_t n_keys,
-                      Py_ssize_t n_observe) except -1:
-        return self._append(keys, n_keys, n_observe, self.channel, 0)
+                      Py_ssize_t n_observe, uint64_t engine) except -1:
+        return self._append(keys, n_keys, n_observe, self.channel, 0, engine)
 
     cdef int _append(self, const uint64_t* keys, Py_ssize_t n_keys, Py_ssize_t n_observe,
-                     uint64_t channel, uint64_t flags) except -1:
+                     uint64_t channel, uint64_t flags, uint64_t engine) except -1:
         if self._words == NULL:
             raise ValueError("KeyLog has been released")
         if n_keys > _KEYS_CAP:
@@ -308,22 +319,24 @@ cdef class KeyLog:
         fr_fence()
         fr_store_release_u64(&entry[1], <uint64_t>self.writer_id | (channel << 32)
                              | (<uint64_t>n_keys << 40) | (<uint64_t>n_observe << 48) | flags)
+        fr_store_release_u64(&entry[2], engine)
         for j in range(n_keys):
-            fr_store_release_u64(&entry[2 + j], keys[j])
+            fr_store_release_u64(&entry[3 + j], keys[j])
         fr_store_release_u64(&entry[0], <uint64_t>(position + 1))
         return 0
 
-    cdef bint _read(self, int64_t position, uint64_t* meta, uint64_t* keys,
+    cdef bint _read(self, int64_t position, uint64_t* meta, uint64_t* engine, uint64_t* keys,
                     Py_ssize_t* n_keys) noexcept nogil:
-        # The entry at position into meta/keys; false (counted lost) if it is being
+        # The entry at position into meta/engine/keys; false (counted lost) if it is being
         # written or was overwritten.
         cdef uint64_t* entry = self._entry(position)
         cdef uint64_t seq = fr_load_acquire_u64(&entry[0])
         cdef Py_ssize_t j
         meta[0] = fr_load_acquire_u64(&entry[1])
+        engine[0] = fr_load_acquire_u64(&entry[2])
         n_keys[0] = min(<Py_ssize_t>((meta[0] >> 40) & 0xFF), <Py_ssize_t>_KEYS_CAP)
         for j in range(n_keys[0]):
-            keys[j] = fr_load_acquire_u64(&entry[2 + j])
+            keys[j] = fr_load_acquire_u64(&entry[3 + j])
         fr_fence()
         if seq != <uint64_t>(position + 1) or fr_load_acquire_u64(&entry[0]) != seq:
             self.lost += 1
@@ -336,32 +349,32 @@ cdef class KeyLog:
         cdef int64_t head = <int64_t>fr_load_acquire_u64(&self._words[_HEAD_WORD])
         cdef int64_t position = self._next
         cdef Py_ssize_t observed = 0, n_keys
-        cdef uint64_t meta
+        cdef uint64_t meta, engine
         cdef uint64_t keys[_KEYS_CAP]
         if head - position > self.capacity:
             self.lost += head - self.capacity - position
             position = head - self.capacity
         while position < head:
-            if (self._read(position, &meta, keys, &n_keys)
+            if (self._read(position, &meta, &engine, keys, &n_keys)
                     and (meta & _mask32) != self.writer_id
                     and ((meta >> 32) & 0xFF) == self.channel):
-                hot._observe(keys, <Py_ssize_t>((meta >> 48) & 0xFF), 1.0)
-                seen._observe(keys, n_keys, 1.0)
+                hot._observe(keys, <Py_ssize_t>((meta >> 48) & 0xFF), 1.0, 0)
+                seen._observe(keys, n_keys, 1.0, engine)
                 observed += 1
             position += 1
         self._next = position
         self.observed += observed
         return observed
 
-    def publish(self, keys, Py_ssize_t n_observe):
-        """Append one routed request's ``keys`` (see the spec)."""
+    def publish(self, keys, Py_ssize_t n_observe, uint64_t engine_id=0):
+        """Append one routed request's ``keys`` and engine (see the spec)."""
         cdef uint64_t buf[_KEYS_CAP]
         cdef Py_ssize_t j, n = min(len(keys), <Py_ssize_t>_KEYS_CAP)
         for j in range(n):
             buf[j] = keys[j]
-        self._publish(buf, n, n_observe)
+        self._publish(buf, n, n_observe, engine_id)
 
-    def publish_imported(self, keys, Py_ssize_t n_observe, int channel):
+    def publish_imported(self, keys, Py_ssize_t n_observe, int channel, uint64_t engine_id=0):
         """Append an entry another proxy's log exported, marked imported (see the spec)."""
         if not 0 <= channel <= MAX_CHANNEL:
             raise ValueError(f"channel must be 0-{MAX_CHANNEL}, got {channel}")
@@ -369,7 +382,7 @@ cdef class KeyLog:
         cdef Py_ssize_t j, n = min(len(keys), <Py_ssize_t>_KEYS_CAP)
         for j in range(n):
             buf[j] = keys[j]
-        self._append(buf, n, n_observe, <uint64_t>channel, _imported)
+        self._append(buf, n, n_observe, <uint64_t>channel, _imported, engine_id)
 
     def drain(self, HotKeys hot, HotKeys seen):
         """Observe the other writers' new entries of this channel (see the spec)."""
@@ -377,23 +390,40 @@ cdef class KeyLog:
 
     def export(self, int64_t since, int64_t max_entries):
         """The host's own entries from ``since``: (next position, [(channel, n_observe,
-        keys)]) (see the spec)."""
+        keys, engine_id)]) (see the spec)."""
         if self._words == NULL:
             raise ValueError("KeyLog has been released")
         cdef int64_t head = <int64_t>fr_load_acquire_u64(&self._words[_HEAD_WORD])
         cdef int64_t oldest = head - self.capacity if head > self.capacity else 0
         cdef int64_t position = since if oldest <= since <= head else oldest
         cdef int64_t stop = min(head, position + max(<int64_t>0, max_entries))
-        cdef uint64_t meta
+        cdef uint64_t meta, engine
         cdef uint64_t keys[_KEYS_CAP]
         cdef Py_ssize_t n_keys, j
         entries = []
         while position < stop:
-            if self._read(position, &meta, keys, &n_keys) and not meta & _imported:
+            if self._read(position, &meta, &engine, keys, &n_keys) and not meta & _imported:
                 entries.append((<int>((meta >> 32) & 0xFF), <int>((meta >> 48) & 0xFF),
-                                [keys[j] for j in range(n_keys)]))
+                                [keys[j] for j in range(n_keys)], engine))
             position += 1
         return stop, entries
+
+
+cdef inline Py_ssize_t _move_to_front(Py_ssize_t* ranked, Py_ssize_t m, Py_ssize_t k,
+                                      Py_ssize_t first) noexcept nogil:
+    # ranked[:m] becomes [first, *ranked[:m] without first][:k]; returns its length.
+    cdef Py_ssize_t i = 0, j
+    while i < m and ranked[i] != first:
+        i += 1
+    if i == m:
+        if m == k:
+            m -= 1
+        i = m
+        m += 1
+    for j in range(i, 0, -1):
+        ranked[j] = ranked[j - 1]
+    ranked[0] = first
+    return m
 
 
 cdef struct RequestKeys:
@@ -581,8 +611,9 @@ cdef class PrefixPicker:
             out_idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
             if out_idx == NULL:
                 raise MemoryError()
-        cdef Py_ssize_t m, used, least
-        cdef bint cold = self._cold(tree.m)
+        cdef Py_ssize_t m, used, least, placed
+        cdef int64_t placed_depth = 0
+        cdef bint cold = self._cold(tree.m), bounded
         # The first candidate's home may exceed the bound by what staying there saves.
         cdef double home_saving = self._saving_tokens(keys, 0 if cold else keys.depths[chosen[0]])
         cdef double saving
@@ -601,31 +632,67 @@ cdef class PrefixPicker:
                                                      &used, slack + stall)
             if m == 0:
                 return [], "", -1, 0
-            ranked = [out_idx[i] for i in range(m)]
-            if used >= n_chosen:
-                return ranked, "bounded-spill", -1, 0
-            depth = keys.depths[chosen[used]]
-            reason = "prefix-home" if used == 0 else "prefix-spill"
-            if len(request.prefix) < self.block_bytes:
-                reason = "no-prefix"
-            key_depth = request.key_depth_bytes
-            # cold: the deciding key was not chosen for its cache, so only what was observed
-            saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
-            if depth == 0 and key_depth == 0:
-                # the client's session: never cost-spilled
-                return ranked, reason, depth, <int64_t>saving
+            bounded = used >= n_chosen
+            if bounded:
+                reason, depth, saving = "bounded-spill", -1, 0.0
+            else:
+                depth = keys.depths[chosen[used]]
+                reason = "prefix-home" if used == 0 else "prefix-spill"
+                if len(request.prefix) < self.block_bytes:
+                    reason = "no-prefix"
+                # cold: the deciding key was not chosen for its cache, so only what was
+                # observed
+                saving = (home_saving if used == 0
+                          else self._saving_tokens(keys, 0 if cold else depth))
+                if depth == 0 and request.key_depth_bytes == 0:
+                    # the client's session: never cost-spilled
+                    return [out_idx[i] for i in range(m)], reason, depth, <int64_t>saving
+            placed = self._last_placement(selector, tree, keys, keys.depths[chosen[0]],
+                                          out_idx[0], row, load, mask_ptr, &placed_depth)
+            if placed >= 0:
+                # the spec's follow: the request's deepest seen prefix was last sent there
+                m = _move_to_front(out_idx, m, k, placed)
+                reason, depth = "prefix-follow", placed_depth
+                saving = <double>placed_depth / self.bytes_per_token
+            elif bounded:
+                return [out_idx[i] for i in range(m)], reason, depth, 0
             least = self._cheaper_elsewhere(selector, tree, keys, saving, out_idx[0], row, load,
                                             in_flight)
             if least < 0:
-                return ranked, reason, depth, <int64_t>saving
-            spilled = [least]
-            for i in range(m):
-                if out_idx[i] != least and len(spilled) < k:
-                    spilled.append(out_idx[i])
-            return spilled, "cost-spill", -1, 0
+                return [out_idx[i] for i in range(m)], reason, depth, <int64_t>saving
+            m = _move_to_front(out_idx, m, k, least)
+            return [out_idx[i] for i in range(m)], "cost-spill", -1, 0
         finally:
             if k > _SMALL_K:
                 free(out_idx)
+
+    cdef Py_ssize_t _last_placement(self, Selector selector, TreeState tree,
+                                    const RequestKeys* keys, int64_t group_depth,
+                                    Py_ssize_t decided, Py_ssize_t row, const int64_t[:] load,
+                                    const uint8_t* mask, int64_t* depth):
+        # The spec's _last_placement: the engine index (-1 if none) and, in depth, the
+        # depth of the deepest seen key below the group's, when its last placement is
+        # known, eligible, not decided and within bound less its saving.
+        cdef Py_ssize_t j, placed
+        cdef uint64_t engine
+        cdef int64_t slack
+        for j in range(keys.n_keys - 1, -1, -1):
+            if keys.depths[j] <= group_depth:
+                return -1
+            if self.seen._share(keys.hashes[j]) > 0.0:
+                engine = self.seen._find(keys.hashes[j]).engine
+                if engine == 0:
+                    return -1
+                placed = selector._eligible_index(engine, row, mask)
+                slack = <int64_t>(self.affinity_slack
+                                  * (<double>keys.depths[j] / self.bytes_per_token))
+                if (placed < 0 or placed == decided
+                        or not selector._tree_within_bound(tree, placed, row, load,
+                                                           self.balance_factor, slack)):
+                    return -1
+                depth[0] = keys.depths[j]
+                return placed
+        return -1
 
     cdef double _saving_tokens(self, const RequestKeys* keys, int64_t depth):
         # The spec's _saving_tokens: the deepest depth the seen table holds, >= depth.
@@ -663,19 +730,19 @@ cdef class PrefixPicker:
             return -1  # nor for the decodes its re-prefill stalls there (the spec)
         return least
 
-    def on_routed(self, request):
-        """``request`` was sent: count it, one request, for its keys' shares (see the
-        spec: requests, not tokens)."""
+    def on_routed(self, request, uint64_t engine_id=0):
+        """``request`` was sent to ``engine_id`` (0: not known): count it, one request,
+        for its keys' shares, and record its keys' last placement (see the spec)."""
         cdef RequestKeys fresh
         cdef RequestKeys* keys = &self._last
         if request is not self._last_request:
             self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, &fresh)
             keys = &fresh
         cdef Py_ssize_t n_observe = min(keys.n_keys, keys.n_observe)
-        self.hot._observe(keys.hashes, n_observe, 1.0)
-        self.seen._observe(keys.hashes, keys.n_keys, 1.0)
+        self.hot._observe(keys.hashes, n_observe, 1.0, 0)
+        self.seen._observe(keys.hashes, keys.n_keys, 1.0, engine_id)
         if self.log is not None:
-            self.log._publish(keys.hashes, keys.n_keys, n_observe)
+            self.log._publish(keys.hashes, keys.n_keys, n_observe, engine_id)
 
     def reset(self):
         """Forget every observation."""

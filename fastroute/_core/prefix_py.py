@@ -103,7 +103,8 @@ class HotKeys:
         self._max_keys = int(max_keys)
         self._t = 0
         self._total = 0.0
-        # key -> [weight as of stamp, stamp, 1.0 if hot at its last is_hot() else 0.0]
+        # key -> [weight as of stamp, stamp, 1.0 if hot at its last is_hot() else 0.0,
+        #         engine id of its last observation, 0 if not known]
         self._counts: dict[int, list[Any]] = {}
 
     @property
@@ -114,8 +115,9 @@ class HotKeys:
     def __len__(self) -> int:
         return len(self._counts)
 
-    def observe(self, keys: Iterable[int], weight: float) -> None:
-        """One request of weight ``weight`` (> 0) carried ``keys``."""
+    def observe(self, keys: Iterable[int], weight: float, engine_id: int = 0) -> None:
+        """One request of weight ``weight`` (> 0) carried ``keys`` and was routed to
+        ``engine_id`` (0: not known), which each key records (:meth:`engine`)."""
         t = self._t = self._t + 1
         decay = self._decay
         self._total = self._total * decay + weight
@@ -123,10 +125,11 @@ class HotKeys:
         for key in keys:
             entry = counts.get(key)
             if entry is None:
-                counts[key] = [weight, t, 0.0]
+                counts[key] = [weight, t, 0.0, engine_id]
             else:
                 entry[0] = entry[0] * decay ** float(t - entry[1]) + weight
                 entry[1] = t
+                entry[3] = engine_id
         if len(counts) > self._max_keys:
             self._prune()
 
@@ -136,6 +139,12 @@ class HotKeys:
         if entry is None or self._total <= 0.0:
             return 0.0
         return entry[0] * self._decay ** float(self._t - entry[1]) / self._total
+
+    def engine(self, key: int) -> int:
+        """The engine the last request that carried ``key`` was routed to; 0 if unseen or
+        not known."""
+        entry = self._counts.get(key)
+        return 0 if entry is None else entry[3]
 
     def is_hot(self, key: int, enter_share: float, leave_share: float) -> bool:
         """Whether ``key``'s group is hot, with hysteresis: it becomes hot above
@@ -159,7 +168,7 @@ class HotKeys:
         floor = self._total / self._max_keys
         t, decay = self._t, self._decay
         counts = self._counts
-        for key in [k for k, (w, s, _) in counts.items() if w * decay ** float(t - s) < floor]:
+        for key in [k for k, (w, s, *_) in counts.items() if w * decay ** float(t - s) < floor]:
             del counts[key]
         keep = self._max_keys // 2
         if len(counts) > keep:
@@ -291,17 +300,28 @@ class PrefixPicker:
         )
         if not ranked:
             return ranked, "", -1, 0
-        if used >= len(candidates):
-            return ranked, "bounded-spill", -1, 0
-        depth = candidates[used][0]
-        reason = "prefix-home" if used == 0 else "prefix-spill"
-        if len(request.prefix) < self.block_bytes:
-            reason = "no-prefix"
-        # Cold: the deciding key was not chosen for its cache, so the saving is only what
-        # the seen table holds.
-        saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
-        if depth == 0 and request.key_depth_bytes == 0:
-            return ranked, reason, depth, int(saving)  # the client's session: never spilled
+        bounded = used >= len(candidates)
+        if bounded:
+            reason, depth, saving = "bounded-spill", -1, 0.0
+        else:
+            depth = candidates[used][0]
+            reason = "prefix-home" if used == 0 else "prefix-spill"
+            if len(request.prefix) < self.block_bytes:
+                reason = "no-prefix"
+            # Cold: the deciding key was not chosen for its cache, so the saving is only
+            # what the seen table holds.
+            saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
+            if depth == 0 and request.key_depth_bytes == 0:
+                return ranked, reason, depth, int(saving)  # the client's session: never spilled
+        placed, placed_depth = self._last_placement(
+            selector, request.row, keys, candidates[0][0], ranked[0], loads, mask
+        )
+        if placed >= 0:
+            ranked = [placed, *(i for i in ranked if i != placed)][:k]
+            reason, depth = "prefix-follow", placed_depth
+            saving = placed_depth / self.bytes_per_token
+        elif bounded:
+            return ranked, reason, depth, 0
         least = self._cheaper_elsewhere(
             selector, request.row, keys, saving, ranked[0], loads, mask, in_flight
         )
@@ -379,6 +399,42 @@ class PrefixPicker:
             return -1  # nor for the decodes its re-prefill stalls there
         return least
 
+    def _last_placement(
+        self,
+        selector: Any,
+        row: int,
+        keys: list[tuple[int, int]],
+        group_depth: int,
+        decided: int,
+        loads: Any,
+        mask: Any,
+    ) -> tuple[int, int]:
+        """Where the deepest prefix of this request that the seen table holds was last
+        sent, when that is deeper than ``group_depth`` (the first candidate key's depth),
+        known, eligible, not ``decided`` and within the load bound less what going there
+        saves (rule 2's first home): ``(engine index, depth in bytes)``, else ``(-1, 0)``.
+        A spill places a group's prefix away from its rendezvous home; the requests that
+        extend it find it there, not at the home."""
+        for d, key in reversed(keys):
+            if d <= group_depth:
+                break
+            if self.seen.share(key) > 0.0:
+                engine_id = self.seen.engine(key)
+                if engine_id == 0:
+                    break
+                placed = selector.eligible_index(engine_id, row, mask)
+                slack = int(self.affinity_slack * (d / self.bytes_per_token))
+                if (
+                    placed < 0
+                    or placed == decided
+                    or not selector.tree_within_bound(
+                        placed, row, loads, self.balance_factor, mask, slack
+                    )
+                ):
+                    break
+                return placed, d
+        return -1, 0
+
     def _saving_tokens(self, keys: list[tuple[int, int]], depth: int) -> float:
         """The prefill, in tokens, that going to the deciding key's home saves: the
         deepest depth of this request the seen table holds (a routed request sent that
@@ -436,8 +492,9 @@ class PrefixPicker:
             chosen = [*chosen, deepest]
         return chosen, upto
 
-    def on_routed(self, request: Any) -> None:
-        """``request`` was sent: count it, one request, for its keys' shares.
+    def on_routed(self, request: Any, engine_id: int = 0) -> None:
+        """``request`` was sent to ``engine_id`` (0: not known): count it, one request,
+        for its keys' shares, and record the engine as its keys' last placement.
 
         Requests, not tokens: a request that finds its group's prefix cached costs its
         home its own tail and decode, not the prefix, so by prompt tokens one long agent
@@ -451,9 +508,9 @@ class PrefixPicker:
             ]
             upto = _ALL
         self.hot.observe(keys[:upto], 1.0)
-        self.seen.observe(keys, 1.0)
+        self.seen.observe(keys, 1.0, engine_id)
         if self.log is not None:
-            self.log.publish(keys, min(upto, len(keys)))
+            self.log.publish(keys, min(upto, len(keys)), engine_id)
 
     def reset(self) -> None:
         """Forget every observation."""

@@ -32,6 +32,7 @@ cdef class Selector:
     cdef const double[:, ::1] _inv_w    # 1 / _w, +inf where the weight counts as zero
     cdef const uint64_t[::1] _seeds     # engine_seed(engine_id)
     cdef const uint64_t[::1] _ids
+    cdef dict _index_of                 # engine id -> table index
     cdef dict _trees                    # (row, mask bytes or None) -> TreeState
     cdef TreeState _last_tree           # the last tree found, for the identity fast path
     cdef Py_ssize_t _last_row
@@ -41,6 +42,8 @@ cdef class Selector:
     cdef Py_ssize_t _rank(self, uint64_t key_hash, Py_ssize_t row, const uint8_t* available,
                           Py_ssize_t k, Py_ssize_t* out_idx, double* out_score) noexcept nogil
     cdef void _check_row(self, Py_ssize_t row) except *
+    cdef Py_ssize_t _eligible_index(self, uint64_t engine_id, Py_ssize_t row,
+                                    const uint8_t* mask)
     cdef Py_ssize_t _pick_masked(self, uint64_t key_hash, Py_ssize_t row,
                                  object available) except -2
     cdef object _rank_prefix(self, const uint64_t* keys, Py_ssize_t n_keys, Py_ssize_t row,
@@ -84,6 +87,8 @@ cdef class Selector:
                                         Py_ssize_t n_keys, Py_ssize_t row, Py_ssize_t k,
                                         const int64_t[:] load, double c, Py_ssize_t* out_idx,
                                         Py_ssize_t* used, int64_t home_slack=*) except -1
+    cdef bint _tree_within_bound(self, TreeState t, Py_ssize_t i, Py_ssize_t row,
+                                 const int64_t[:] load, double c, int64_t slack) noexcept nogil
     cdef Py_ssize_t _tree_least_loaded(self, TreeState t, uint64_t key, Py_ssize_t row,
                                        const int64_t[:] load) except -2
 

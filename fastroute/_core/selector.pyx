@@ -118,11 +118,35 @@ cdef class Selector:
         self._w = w
         self._inv_w = inv_w
         self._seeds = seeds
+        self._index_of = {int(engine): i for i, engine in enumerate(ids)}
 
     @property
     def engine_ids(self):
         """The engine ids, in table order (read-only)."""
         return self._engine_ids
+
+    cdef Py_ssize_t _eligible_index(self, uint64_t engine_id, Py_ssize_t row,
+                                    const uint8_t* mask):
+        # The spec's eligible_index on a checked row and a raw mask (NULL: all).
+        cdef object found = self._index_of.get(engine_id)
+        if found is None:
+            return -1
+        cdef Py_ssize_t i = found
+        if self._inv_w[row, i] == INFINITY or (mask != NULL and mask[i] == 0):
+            return -1
+        return i
+
+    def eligible_index(self, uint64_t engine_id, Py_ssize_t row, available=None):
+        """The table index of ``engine_id`` if it is eligible in ``row``, else -1 (see
+        the spec)."""
+        self._check_row(row)
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        if available is not None:
+            mask = _as_mask(available, self.n_engines)
+            if self.n_engines:
+                mask_ptr = &mask[0]
+        return self._eligible_index(engine_id, row, mask_ptr)
 
     cdef Py_ssize_t _pick(self, uint64_t key_hash, Py_ssize_t row,
                           const uint8_t* available) noexcept nogil:
@@ -762,6 +786,36 @@ cdef class Selector:
             m = self._tree_rank_c(t, keys[n_keys - 1], row, k, out_idx, load, 0.0, 0.0, _ANY,
                                   -1, False)
         return m
+
+    cdef bint _tree_within_bound(self, TreeState t, Py_ssize_t i, Py_ssize_t row,
+                                 const int64_t[:] load, double c, int64_t slack) noexcept nogil:
+        # tree_within_bound: the load total as of the tree's last refresh (LoadChunks.total).
+        cdef int64_t total = 0
+        cdef Py_ssize_t j
+        if not t.scanned:
+            total = self._refresh(t, load)
+        else:
+            for j in range(t.n_chunks):
+                total += t.chunk_sum[j]
+        cdef double limit = c * <double>total
+        return <double>(load[i] - slack) * t.total_w <= limit * self._w[row, i]
+
+    def tree_within_bound(self, Py_ssize_t index, Py_ssize_t row, loads, double balance_factor,
+                          available=None, int64_t slack=0):
+        """Whether engine ``index`` is within the load bound, its load less ``slack`` (see
+        the spec)."""
+        self._check_row(row)
+        if not 0 <= index < self.n_engines:
+            raise IndexError(f"engine index {index} out of range for {self.n_engines}")
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mask_ptr = NULL
+        if available is not None:
+            mask = _as_mask(available, self.n_engines)
+            if self.n_engines:
+                mask_ptr = &mask[0]
+        cdef const int64_t[:] load = _as_loads(loads, self.n_engines)
+        cdef TreeState t = self._tree_for(row, available, mask_ptr)
+        return self._tree_within_bound(t, index, row, load, balance_factor, slack)
 
     cdef Py_ssize_t _tree_least_loaded(self, TreeState t, uint64_t key, Py_ssize_t row,
                                        const int64_t[:] load) except -2:

@@ -135,6 +135,7 @@ class Selector:
         self._seeds = [engine_seed(x) for x in self._ids]
         self._w = w.tolist()
         self._inv_w = inv_w.tolist()
+        self._index_of = {engine: i for i, engine in enumerate(self._ids)}
 
     @property
     def engine_ids(self) -> np.ndarray:
@@ -142,6 +143,18 @@ class Selector:
         view = self._engine_ids.view()
         view.flags.writeable = False
         return view
+
+    def eligible_index(self, engine_id: int, row: int, available: Any = None) -> int:
+        """The table index of ``engine_id`` if it is eligible in ``row`` (weight > 0, not
+        masked out by ``available``), else -1 (also when it is not in the table)."""
+        if not 0 <= row < self.n_classes:
+            raise IndexError(f"row {row} out of range for {self.n_classes} classes")
+        i = self._index_of.get(engine_id, -1)
+        if i < 0 or self._inv_w[row][i] == math.inf:
+            return -1
+        if available is not None and not available[i]:
+            return -1
+        return i
 
     def _check(self, key_hash: int, row: int, available: Any) -> list[bool] | None:
         _check_key(key_hash)
@@ -456,6 +469,24 @@ class Selector:
                 return rank_tree(tree, key, k, seeds, w, inv_w, ids), j
         ranked = rank_tree(tree, keys[-1], k, seeds, w, inv_w, ids, within_bound, WALK_CAP)
         return (ranked or rank_tree(tree, keys[-1], k, seeds, w, inv_w, ids)), len(keys)
+
+    def tree_within_bound(
+        self,
+        index: int,
+        row: int,
+        loads: Any,
+        balance_factor: float,
+        available: Any = None,
+        slack: int = 0,
+    ) -> bool:
+        """Whether engine ``index`` is within :meth:`tree_rank_prefix`'s load bound, its
+        load less ``slack``: ``(load - slack) * W <= c * total * w``, ``total`` the tree's
+        load total as of its last ranking (of this decision; read whole on a first call)."""
+        mask = self._check(0, row, available)
+        load = self._loads(loads)
+        tree, chunks = self._tree(row, mask)
+        limit = balance_factor * float(chunks.total(load))
+        return float(int(load[index]) - slack) * tree.total_w <= limit * self._w[row][index]
 
     def tree_least_loaded(self, key_hash: int, row: int, loads: Any, available: Any = None) -> int:
         """The cost spill's least-loaded engine (``selector_tree``: the least live load

@@ -253,6 +253,15 @@ class LoadChunks:
                 ties.append(i)
         self.sums[j], self.least[j], self.ties[j] = total, least, ties
 
+    def total(self, load: Any) -> int:
+        """The total load as of the last :meth:`refresh` (which this is on the first call)."""
+        if not self.scanned:
+            return self.refresh(load)
+        total = 0
+        for s in self.sums:
+            total += s
+        return total
+
     def refresh(self, load: Any) -> int:
         """Re-read one chunk (all on the first call); the total load."""
         if not self.scanned:

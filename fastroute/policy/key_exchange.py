@@ -13,13 +13,14 @@ exchange": goodput -0.4 to +1.2 % against no exchange in every family and load).
 Mechanism. The worker that polls the peers' queues for its host
 (:mod:`fastroute.proxy.background.peer_queues`) sends, per peer, the position it has read
 that peer's log to (:data:`SINCE_HEADER`; -1 at first). The peer answers, beside its
-queue, a :class:`KeyLogExport`: its host's *own* entries from there on (not those it
+queue, a :class:`KeyLogExport`: its host's *own* entries (keys and the engine each
+request went to) from there on (not those it
 imported itself, so with any number of proxies each entry reaches every other host once),
 at most :data:`MAX_EXPORT_ENTRIES` positions per answer, and the label of each channel.
 The poller appends them into its own host's log marked imported
 (``KeyLog.publish_imported``) on the channel whose label matches (the policy instance
-that routes the same traffic; an entry of a label this host lacks, or with a key past 64
-bits, is dropped and counted), and every
+that routes the same traffic; an entry of a label this host lacks, or with a key or an
+engine id past 64 bits, is dropped and counted), and every
 worker's next drain observes them as it observes its neighbours' entries. Keys are
 unseeded hashes of prompt bytes, so equal prompts give equal keys on every host.
 
@@ -71,11 +72,18 @@ class KeyLogExport(msgspec.Struct, array_like=True):
         The label of each channel of the exporting host (index = channel).
     entries : list of (int, int, list of int)
         ``(channel, n_observe, keys)`` of each of its own entries, oldest first.
+    engines : list of int
+        The engine each entry's request was routed to (0: not known), one per entry; a
+        trailing field, so that proxies of the version before it (which send none and
+        ignore it) still exchange keys: with any other length every entry's is 0. The
+        id of an engine is the same on every proxy (``fastroute.hashing.engine_id`` of its
+        configured name).
     """
 
     next: Annotated[int, msgspec.Meta(ge=0)]
     channels: Annotated[list[str], msgspec.Meta(max_length=MAX_CHANNEL + 1)]
     entries: Annotated[list[_Entry], msgspec.Meta(max_length=MAX_EXPORT_ENTRIES)]
+    engines: Annotated[list[_Key], msgspec.Meta(max_length=MAX_EXPORT_ENTRIES)] = []
 
 
 class KeyExchange:
@@ -100,7 +108,12 @@ class KeyExchange:
     def export(self, since: int) -> KeyLogExport:
         """The host's own entries from position ``since`` (see ``KeyLog.export``)."""
         next_position, entries = self.log.export(since, MAX_EXPORT_ENTRIES)
-        return KeyLogExport(next_position, self.labels, entries)
+        return KeyLogExport(
+            next_position,
+            self.labels,
+            [(channel, n_observe, keys) for channel, n_observe, keys, _ in entries],
+            [engine for *_, engine in entries],
+        )
 
     def absorb(self, export: KeyLogExport) -> int:
         """Append a peer's entries into the host's log on the channels whose labels
@@ -110,9 +123,12 @@ class KeyExchange:
         ours = [self._channel_of.get(label) for label in export.channels]
         imported = 0
         publish = self.log.publish_imported
-        for channel, n_observe, keys in export.entries:
+        engines = export.engines
+        if len(engines) != len(export.entries):
+            engines = [0] * len(export.entries)
+        for (channel, n_observe, keys), engine in zip(export.entries, engines, strict=True):
             mine = ours[channel] if channel < len(ours) else None
-            if mine is not None and not any(key >> 64 for key in keys):
-                publish(keys, n_observe, mine)
+            if mine is not None and not engine >> 64 and not any(key >> 64 for key in keys):
+                publish(keys, n_observe, mine, engine)
                 imported += 1
         return imported

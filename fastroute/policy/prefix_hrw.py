@@ -36,7 +36,7 @@ Algorithm
        them (polled, :mod:`fastroute.proxy.background.peer_queues`; without it each of
        ``p`` proxies sees about ``1/p`` of every queue), that have not produced their first
        token (or, for a JSON answer, ended) yet, each less the prefix its decision expected
-       cached there (``Decision.cached_tokens``: the saving of rule 3 at the chosen
+       cached there (``Decision.cached_tokens``: the saving of rule 4 at the chosen
        engine, 0 after a spill), the prefill a new request waits behind; a view that does
        not track them gives in-flight tokens (prompt + output budget), else in-flight
        requests.
@@ -46,13 +46,13 @@ Algorithm
        Over the row's eligible engines ``E`` with LP weights ``w``, an engine is within
        bound iff ``L_e / Σ_E L <= c · w_e / Σ_E w``; the first candidate's home iff
        ``(L_e - a · S) / Σ_E L <= c · w_e / Σ_E w``, ``S`` the request's saving there
-       (rule 3's estimate, tokens) and ``a = affinity_slack``: a bound that ignores what
+       (rule 4's estimate, tokens) and ``a = affinity_slack``: a bound that ignores what
        affinity saves spilled a cached agent session off its home for one queued long
        prompt on a lightly loaded fleet, to re-prefill its whole context elsewhere and
        come back next turn (docs/history/2026-12-fleet-benchmark-default-policy.md,
        "Sessions that change engine"). When that ranking still sends the request away
        from the first home, to engine ``t``, leaving re-prefills the saving at ``t`` as a
-       cost spill would: the slack also takes rule 3's stall there, ``w · S · n_t``, and
+       cost spill would: the slack also takes rule 4's stall there, ``w · S · n_t``, and
        the candidates are ranked again with it (past saturation on shared documents the
        bound's spills re-prefilled as the cost spill's did: `rag` at 4x nominal 16.8 →
        20.3 req/s in the simulator with it, the cost spill's stall already priced). The
@@ -74,13 +74,34 @@ Algorithm
        were queued prefill, so a cached home looked loaded when it was not and a busy
        one looked light (docs/history/2026-12-fleet-benchmark-default-policy.md,
        "Load in queued prompt tokens").
-    3. **Cost spill.** Affinity is worth the prefill it saves, and a queue costs the
+    3. **Last placement.** The deepest depth of the request that the **seen table** (rule
+       4) holds, when it is deeper than the first candidate key's (the group's), was last
+       sent to engine ``p`` (the seen table records, per key, the engine of the last
+       routed request that carried it: this host's workers' through the key log, the
+       other proxies' through the key exchange). When ``p`` is not the engine rules 1-2
+       chose, is eligible and is within the bound less its saving there (rule 2's first
+       home: ``(L_p - a · S_p) / Σ_E L <= c · w_p / Σ_E w``, ``S_p`` that depth in
+       tokens), the request goes to ``p`` (reason ``"prefix-follow"``, saving ``S_p``),
+       and rule 4 decides from there. A spill (rule 2's or rule 4's) places a prefix away
+       from its rendezvous home, and the home does not hold what the request extends (a
+       conversation's last turn, a document's deeper blocks): without this, the turns and
+       questions that followed a spilled one went home and prefilled it again, so a spill
+       cost its saving twice (past saturation on shared documents, `rag` at 4x nominal
+       20.3 → 25.4 req/s in the simulator without the shed, `cache-aware` 26.2; `bursts`
+       19.8 → 23.3; the Mooncake trace at 1.5x 1.21 → 1.29; docs/fleet-benchmark.md,
+       "Where the prefix went"). Only depths below the group's key: the group's own
+       prefix (a system prompt, a hot document's shared part) is cached at its home or
+       spread on purpose (rule 1), and following its last placement would herd the group.
+       No new tunable: the bound and its slack are rule 2's. A session id the client
+       declared is not moved (its home is the session's).
+    4. **Cost spill.** Affinity is worth the prefill it saves, and a queue costs the
        prefill queued ahead: both are prompt tokens. The saving is estimated as the
        deepest depth of this request that a **seen table** holds (at least the deciding
        key's depth), in tokens: a decayed count of every depth of every routed request,
        half-life as the shares' (the share estimate observes a request's depths only
        through its deciding key's next one, so it read a 3 k-token document's cached
-       prefix as 512 tokens and spilled it on a short queue). With ``t`` the least-loaded
+       prefix as 512 tokens and spilled it on a short queue; after rule 3, the followed
+       depth). With ``home`` the engine rules 1-3 chose and ``t`` the least-loaded
        eligible engine (ties by the deepest key's rendezvous order), the request goes to
        ``t`` (reason ``"cost-spill"``) iff ``L_home - L_t > saving + L_t``: the gain must
        pay for the prefix it prefills again and for the queue it joins. ``L_t`` stands
@@ -118,11 +139,13 @@ What it keeps from rendezvous hashing
     Homes depend only on the prompt and the table (and the mask), so every worker process
     and every proxy agree on them without shared state (a per-worker record of what was
     sent where fragments). The tables it learns (shares, seen prefixes) record what was
-    routed, not where; each worker feeds them the host's routed requests through the
-    host's key log (:meth:`attach_key_log`, ``fastroute._core.keylog_py``), since a
-    ``1/W`` sample lagged ``W`` times and missed the prefixes the other workers sent
-    (4 workers: ``bursts`` −4.5 % of goodput in the simulator, none with the log);
-    removing one of ``n`` engines moves the groups homed on it plus,
+    routed, and where only for rule 3 (the engine of the last request per key, which
+    overrides a home only below the group's key, within the load bound); each worker
+    feeds them the host's routed requests through the host's key log
+    (:meth:`attach_key_log`, ``fastroute._core.keylog_py``), since a ``1/W`` sample
+    lagged ``W`` times and missed the prefixes the other workers sent (4 workers:
+    ``bursts`` −4.5 % of goodput in the simulator, none with the log); removing one of
+    ``n`` engines moves the groups homed on it plus,
     through the trie, about ``1/n`` of the groups per trie level (measured: 1.8/n at
     100 engines, 2.5/n at 1,000, 3.6/n at 10,000; flat rendezvous 1/n); unrelated
     groups spread exactly as the LP's weights say. Up to 16 eligible engines the trie is
@@ -154,16 +177,16 @@ Tunables
         Shorter reacts faster to shifts.
     ``affinity_slack`` : float >= 0, tokens of load per token saved; default 1.0. ``a``
         of rule 2: by how much of its saving the first home may exceed the bound. At 1 the
-        bound yields exactly what staying saves, the exchange rate of rule 3 (a queued
+        bound yields exactly what staying saves, the exchange rate of rule 4 (a queued
         token delays the request as much as a prefilled one); 0 is the plain bound (a
         session with 25 k cached tokens spilled for a 15 k-token queue), large values leave
-        cached homes to rule 3 alone. Fleet, one run each at 70 %: a = 0 → 1 halves the
+        cached homes to rule 4 alone. Fleet, one run each at 70 %: a = 0 → 1 halves the
         TTFT p99 (agentic 1760 → 831 ms, chat 380 → 215 ms) at equal goodput; simulator,
         4 seeds × 32 cells: a = 1 within 0.6 % of a = 0 in every family except bursts at
         0.7 (−1.8 %, p99 4.2 → 3.2 s), and a = 0.5 or 2 within 1.4 % of a = 1 in every
         cell (docs/history/2026-12-fleet-benchmark-default-policy.md).
     ``stall_weight`` : float >= 0, tokens of queue per token re-prefilled per request in
-        flight at the target; default 0.1. ``w`` of rules 2 and 3: what one decode's stall weighs
+        flight at the target; default 0.1. ``w`` of rules 2 and 4: what one decode's stall weighs
         against the spilled request's own wait. A stall of ``D`` seconds spread over a
         decode of ``o`` tokens raises its mean TBOT by ``D / o``; a wait of ``D`` raises a
         TTFT by ``D``. Measured against their SLOs, one stall weighs
@@ -195,7 +218,8 @@ Cost per request
     past, one load chunk (256 engines) re-read and a memcmp of the n-byte eligibility
     mask against the cached tree's (the one O(n) step; a request that would leave its home
     also reads the view's in-flight counts, one O(n) copy in the proxy, and when the load
-    bound sends it away ranks the candidates a second time), all in the compiled core
+    bound sends it away ranks the candidates a second time; rule 3 looks up one engine id
+    and sums the n/256 load chunks' totals), all in the compiled core
     (``fastroute/_core/prefix.pyx`` and ``selector.pyx``; their specs ``prefix_py.py``
     and ``selector_tree.py``). The trie is built once per table and eligibility mask
     (O(n log n): 0.02 ms at 100 engines, 0.2 ms at 1,000, 3 ms at 10,000), so a fleet whose
@@ -203,8 +227,9 @@ Cost per request
     ``bench/bench_prefix_pick.py`` times a decision.
 
 ``Decision.reason``: ``"prefix-home"`` (the first candidate's home), ``"prefix-spill"``
-(a later candidate's home), ``"bounded-spill"`` (no home within bound), ``"cost-spill"``
-(rule 3) or ``"no-prefix"``
+(a later candidate's home), ``"bounded-spill"`` (no home within bound), ``"prefix-follow"``
+(rule 3: where the request's deepest seen prefix was last sent), ``"cost-spill"``
+(rule 4) or ``"no-prefix"``
 (prompt shorter than one block: the routing key's home, under the same bound).
 ``scores`` holds, for the chosen engine only, the depth in bytes of the key that decided
 (-1 for the bounded fallback and the cost spill) and then 0 for the other ranked engines.
@@ -400,13 +425,13 @@ class PrefixHRW(Policy):
         )
 
     def on_routed(self, request: RouteRequest, engine_id: int) -> None:
-        self._picker.on_routed(request)
+        self._picker.on_routed(request, engine_id)
 
     def attach_key_log(
         self, buffer: Any, writer_id: int, channel: int, lock_fd: int | None = None
     ) -> Any:
         """Count the host's other workers' routed requests in the share and seen tables
-        too (rule 1's shares and rule 3's saving are the host's, not this worker's), and
+        too (rule 1's shares and rule 4's saving are the host's, not this worker's), and
         publish this worker's; see ``fastroute._core.keylog_py``."""
         log = KeyLog(buffer, writer_id, channel, lock_fd)
         self._picker.attach_log(log)

@@ -40,7 +40,7 @@ from fastroute.tables.segment import (
 
 __all__ = ["DEFAULT_KEY_LOG_ENTRIES", "KeyLogSegment", "key_log_name"]
 
-#: Entries of the log unless configured (``proxy.key_log_entries``): 528 bytes each.
+#: Entries of the log unless configured (``proxy.key_log_entries``): 536 bytes each.
 DEFAULT_KEY_LOG_ENTRIES = 4096
 #: Most entries a log may have (about 550 MB).
 MAX_KEY_LOG_ENTRIES = 1 << 20

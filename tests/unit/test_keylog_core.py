@@ -17,6 +17,7 @@ from fastroute._core.keylog_py import (
     init_key_log,
     key_log_size,
 )
+from fastroute._core.prefix_py import MAX_DEPTH_KEYS
 from fastroute.hashing import engine_id
 from fastroute.policy import RouteRequest
 
@@ -124,7 +125,7 @@ def test_keys_past_the_entry_are_dropped(impl: tuple[type, type, type]) -> None:
     writer.publish(keys, 100)
     hot, seen = _tables(hot_cls)
     reader.drain(hot, seen)
-    assert len(seen) == len(hot) == ENTRY_WORDS - 2
+    assert len(seen) == len(hot) == MAX_DEPTH_KEYS == ENTRY_WORDS - 3
 
 
 def test_export_reads_the_hosts_own_entries_from_a_position(
@@ -133,18 +134,21 @@ def test_export_reads_the_hosts_own_entries_from_a_position(
     log_cls = impl[0]
     buf = _log(16)
     a, b = log_cls(buf, 1, 0), log_cls(buf, 2, 3)
-    a.publish([11, 12], 1)
+    a.publish([11, 12], 1, 2**64 - 1)
     b.publish([21], 1)
     a.publish_imported([31, 32, 33], 2, 7)  # came from another proxy: never re-exported
-    a.publish([41], 0)
-    assert a.export(-1, 100) == (4, [(0, 1, [11, 12]), (3, 1, [21]), (0, 0, [41])])
-    assert a.export(1, 2) == (3, [(3, 1, [21])])  # max_entries counts positions read
+    a.publish([41], 0, 5)
+    assert a.export(-1, 100) == (
+        4,
+        [(0, 1, [11, 12], 2**64 - 1), (3, 1, [21], 0), (0, 0, [41], 5)],
+    )
+    assert a.export(1, 2) == (3, [(3, 1, [21], 0)])  # max_entries counts positions read
     assert a.export(4, 100) == (4, [])  # nothing new
     assert a.export(9, 100)[0] == 4  # ahead of head: the log was recreated, start over
     for i in range(20):
         a.publish([100 + i], 1)
     next_position, entries = a.export(2, 100)  # lapped: from the oldest entry held
-    assert next_position == 24 and [k for _, _, k in entries][0] == [104]
+    assert next_position == 24 and [k for _, _, k, _ in entries][0] == [104]
     assert a.observed == 0 and a.position == 0  # export is no drain
 
 
@@ -152,11 +156,12 @@ def test_imported_entries_are_observed_on_their_channel(impl: tuple[type, type, 
     log_cls, hot_cls, _ = impl
     buf = _log()
     importer, reader = log_cls(buf, 5, 0), log_cls(buf, 6, 2)
-    importer.publish_imported([1, 2, 3], 1, 2)
+    importer.publish_imported([1, 2, 3], 1, 2, 77)
     importer.publish_imported([9], 1, 0)  # another channel
     hot, seen = _tables(hot_cls)
     assert reader.drain(hot, seen) == 1
     assert hot.share(1) == 1.0 and hot.share(2) == 0.0 and seen.share(3) == 1.0
+    assert seen.engine(3) == 77 and seen.engine(9) == 0
     with pytest.raises(ValueError, match="channel"):
         importer.publish_imported([1], 1, 256)
 
@@ -167,13 +172,15 @@ if "cy" in LOGS:
     def test_both_implementations_read_each_others_entries() -> None:
         buf = _log(64)
         py, cy = _core.KeyLogPy(buf, 1, 0), _core.KeyLogC(buf, 2, 0)
-        py.publish([5, 6, 7], 1)
-        cy.publish([8, 9], 2)
+        py.publish([5, 6, 7], 1, 41)
+        cy.publish([8, 9], 2, 2**64 - 2)
         hot_c, seen_c = _tables(_core.HotKeysC)
         hot_p, seen_p = _tables(_core.HotKeysPy)
         assert cy.drain(hot_c, seen_c) == 1 and py.drain(hot_p, seen_p) == 1
         assert hot_c.share(5) == 1.0 and hot_c.share(6) == 0.0 and seen_c.share(7) == 1.0
         assert hot_p.share(8) == hot_p.share(9) == 1.0
+        assert seen_c.engine(7) == 41 and seen_p.engine(9) == 2**64 - 2
+        assert hot_c.engine(5) == hot_p.engine(8) == 0  # the share table records none
         assert bytes(buf[: 8 * HEADER_WORDS]) == bytes(_log(64)[:32]) + (2).to_bytes(
             8, "little"
         ) + bytes(24)
@@ -182,7 +189,7 @@ if "cy" in LOGS:
         buf = _log(16)
         py, cy = _core.KeyLogPy(buf, 1, 0), _core.KeyLogC(buf, 2, 1)
         for i in range(24):
-            (py if i % 3 else cy).publish([i, i + 1000], i % 3)
+            (py if i % 3 else cy).publish([i, i + 1000], i % 3, i * 7)
             if i % 5 == 0:
                 (cy if i % 2 else py).publish_imported([7 * i], 1, i % 4)
         for since, max_entries in ((-1, 100), (0, 5), (12, 3), (29, 100), (40, 1), (31, 0)):
@@ -213,11 +220,11 @@ if "cy" in LOGS:
             request = RouteRequest(int(rng.integers(0, 2**63)), 0, 100, head + tail, None, -1)
             loads = rng.integers(0, 5, size=n).astype(np.int64) * 300
             py, cy = workers[int(rng.integers(0, 2))]
-            assert py.choose(sel, request, None, loads, 3) == cy.choose(
-                sel, request, None, loads, 3
-            ), step
-            py.on_routed(request)
-            cy.on_routed(request)
+            decision = py.choose(sel, request, None, loads, 3)
+            assert decision == cy.choose(sel, request, None, loads, 3), step
+            sent = decision[0][0] if rng.random() < 0.7 else int(rng.integers(0, n))
+            py.on_routed(request, int(sel.engine_ids[sent]))
+            cy.on_routed(request, int(sel.engine_ids[sent]))
         for py, cy in workers:
             assert py.hot.requests == cy.hot.requests > 350  # each counts both workers'
             assert len(py.seen) == len(cy.seen) and py.log.observed == cy.log.observed

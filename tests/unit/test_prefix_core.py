@@ -101,8 +101,12 @@ if "cy" in PICKERS:
                 assert py.is_hot(probe, enter, enter / 2) == cy.is_hot(probe, enter, enter / 2)
             assert [py.share(k) for k in universe] == [cy.share(k) for k in universe]
 
-    def _scenario_request(rng: np.random.Generator, shared: list[bytes]) -> RouteRequest:
+    def _scenario_request(
+        rng: np.random.Generator, shared: list[bytes], earlier: list[bytes] | None = None
+    ) -> RouteRequest:
         head = shared[int(rng.integers(0, len(shared)))] if rng.random() < 0.7 else b""
+        if earlier and rng.random() < 0.3:  # a follow-up: an earlier prompt, extended
+            head = earlier[int(rng.integers(max(0, len(earlier) - 20), len(earlier)))]
         prefix = head + bytes(
             rng.integers(97, 123, size=int(rng.integers(0, 6000)), dtype=np.uint8)
         )
@@ -113,9 +117,11 @@ if "cy" in PICKERS:
 
     def test_compiled_decisions_match_the_spec() -> None:
         """choose and on_routed agree exactly on random fleets, masks, loads, in-flight
-        counts and requests (including ties at the least load, many and few, and
-        over-bound homes)."""
+        counts and requests (including ties at the least load, many and few, over-bound
+        homes, and follow-ups of requests sent elsewhere than their home, to engines not
+        in the table, or to no known engine)."""
         rng = np.random.default_rng(5)
+        followed = 0
         for trial in range(12):
             n = int(rng.integers(1, 40))
             ids = [engine_id(f"p{trial}-{i}") for i in range(n)]
@@ -130,24 +136,41 @@ if "cy" in PICKERS:
                 _core.PrefixPickerC(*params, deep=deep, stall_weight=stall),
             )
             shared = [bytes(rng.integers(97, 123, size=1500, dtype=np.uint8)) for _ in range(4)]
+            earlier: list[bytes] = []
+            reasons: set[str] = set()
             for step in range(300):
                 mask = (rng.random(n) < 0.9).astype(np.uint8)
                 levels = 1 if trial % 4 == 0 else int(rng.integers(1, 30))  # many ties or few
                 loads = rng.integers(0, levels, size=n).astype(np.int64) * 100
                 if step % 7 == 0:
                     loads[int(rng.integers(0, n))] += 10**6
-                request = _scenario_request(rng, shared)
+                request = _scenario_request(rng, shared, earlier)
+                earlier.append(request.prefix)
                 k = int(rng.integers(1, 10))
                 counts = rng.integers(0, 40, size=n).astype(np.int64)
                 in_flight = None if step % 5 == 0 else (lambda c=counts: c)
-                assert py.choose(sel, request, mask, loads, k, in_flight) == cy.choose(
-                    sel, request, mask, loads, k, in_flight
-                ), (trial, step)
+                decision = py.choose(sel, request, mask, loads, k, in_flight)
+                assert decision == cy.choose(sel, request, mask, loads, k, in_flight), (
+                    trial,
+                    step,
+                )
+                reasons.add(decision[1])
                 routed = request if rng.random() < 0.9 else _scenario_request(rng, shared)
-                py.on_routed(routed)
-                cy.on_routed(routed)
+                # where it went: mostly elsewhere than decided (retries, spills of another
+                # worker), sometimes an engine not in the table or not known
+                sent = int(rng.choice([0, 1, 2, 3, 4]))
+                sent_id = (
+                    ids[decision[0][0]] if sent == 0 and decision[0]
+                    else ids[int(rng.integers(0, n))] if sent < 3
+                    else engine_id("gone") if sent == 3
+                    else 0
+                )  # fmt: skip
+                py.on_routed(routed, sent_id)
+                cy.on_routed(routed, sent_id)
             assert py.hot.requests == cy.hot.requests and len(py.hot) == len(cy.hot)
             assert py.seen.requests == cy.seen.requests and len(py.seen) == len(cy.seen)
+            followed += "prefix-follow" in reasons
+        assert followed >= 10  # the follow-ups exercised the last placement in most trials
 
     def test_compiled_choose_wants_the_compiled_selector() -> None:
         sel = _core.SelectorPy([1, 2], [[1.0, 1.0]])

@@ -174,6 +174,30 @@ def test_the_load_total_is_exact_within_one_round_of_chunks(impl) -> None:
     assert loads[sel.tree_least_loaded(7, 0, loads)] == 100
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_within_bound_is_the_first_homes_test_for_any_engine(impl) -> None:
+    """``tree_within_bound``: ``(L_e - slack) · W <= c · total · w_e``, the total as of the
+    tree's last ranking (read whole when there was none); ``eligible_index``: the index of an
+    engine id that is in the table, weighted in the row and not masked out, else -1."""
+    n = 8
+    weights = np.ones((2, n))
+    weights[1, 3] = 0.0
+    sel = impl(list(range(1, n + 1)), weights)
+    loads = np.full(n, 100, dtype=np.int64)
+    loads[2] = 425  # total 1125: 425 * 8 = 3400 > 2 * 1125 = 2250
+    assert not sel.tree_within_bound(2, 0, loads, 2.0)
+    assert sel.tree_within_bound(2, 0, loads, 2.0, None, 144)  # 281 * 8 = 2248 <= 2250
+    assert not sel.tree_within_bound(2, 0, loads, 2.0, None, 143)
+    assert sel.tree_within_bound(2, 0, loads, 4.0)
+    assert sel.eligible_index(3, 0) == 2 and sel.eligible_index(99, 0) == -1
+    assert sel.eligible_index(4, 1) == -1  # weight 0 in row 1
+    mask = np.ones(n, dtype=np.uint8)
+    mask[2] = 0
+    assert sel.eligible_index(3, 0, mask) == -1 and sel.eligible_index(2, 0, mask) == 1
+    with pytest.raises(IndexError):
+        sel.eligible_index(3, 2)
+
+
 def test_a_mask_changed_in_place_is_seen() -> None:
     n = 50
     sel = FAST(list(range(1, n + 1)), np.ones((1, n)))
@@ -187,8 +211,9 @@ def test_a_mask_changed_in_place_is_seen() -> None:
 @pytest.mark.parity
 @pytest.mark.skipif(_core.SelectorC is None, reason="extension not built")
 def test_compiled_tree_matches_the_spec() -> None:
-    """tree_rank, tree_rank_prefix and tree_least_loaded agree value for value on random
-    fleets (one and several load chunks), rows, masks, loads and call sequences."""
+    """tree_rank, tree_rank_prefix, tree_least_loaded, tree_within_bound and eligible_index
+    agree value for value on random fleets (one and several load chunks), rows, masks, loads
+    and call sequences."""
     rng = np.random.default_rng(6)
     for n in (1, 2, 17, 40, 300, 1100):
         ids, weights = _fleet(rng, n, rows=2)
@@ -213,6 +238,11 @@ def test_compiled_tree_matches_the_spec() -> None:
             assert py.tree_least_loaded(key, row, loads, mask) == cy.tree_least_loaded(
                 key, row, loads, mask
             )
+            e = int(rng.integers(0, n))
+            assert py.tree_within_bound(e, row, loads, c, mask, slack) == (
+                cy.tree_within_bound(e, row, loads, c, mask, slack)
+            )
+            assert py.eligible_index(ids[e], row, mask) == cy.eligible_index(ids[e], row, mask)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -51,6 +51,16 @@ re-prefilled saving stalls every decode there between two of its tokens; past th
 capacity on shared documents the spills' re-prefills pushed the decodes over the TBOT SLO
 (`rag` at 4x nominal: 11.3 req/s of goodput against `cache-aware`'s 26.2 in the simulator;
 20.3 with the stall priced in both rules).
+
+Re-recorded an eighth time, deliberately (2026-12-07, issue 20 "default policy", the last
+placement): the seen table records, per key, the engine the last request carrying it was
+routed to, and a request whose deepest seen depth is below its first candidate's (a
+conversation's history, a document's deeper blocks) and was last sent elsewhere than the
+ranking's first engine goes there instead (reason ``"prefix-follow"``, that depth its
+saving) when that engine is eligible and within the load bound less the saving, then the
+cost spill decides from there, because a spill placed the prefix away from its rendezvous
+home and the requests that extended it re-prefilled it at the home (`rag` at 4x nominal
+20.3 -> 25.9 req/s in the simulator, `bursts` 19.8 -> 23.3).
 """
 
 from __future__ import annotations
@@ -96,7 +106,8 @@ class HotKeys:
         self._max_keys = max_keys
         self._t = 0
         self._total = 0.0
-        # key -> [weight as of stamp, stamp, 1.0 if hot at its last is_hot() else 0.0]
+        # key -> [weight as of stamp, stamp, 1.0 if hot at its last is_hot() else 0.0,
+        #         engine id of its last observation (0: not known)]
         self._counts: dict[int, list[float]] = {}
 
     @property
@@ -107,8 +118,9 @@ class HotKeys:
     def __len__(self) -> int:
         return len(self._counts)
 
-    def observe(self, keys: Iterable[int], weight: float) -> None:
-        """One request of token weight ``weight`` (> 0) carried ``keys`` (distinct)."""
+    def observe(self, keys: Iterable[int], weight: float, engine_id: int = 0) -> None:
+        """One request of token weight ``weight`` (> 0) carried ``keys`` (distinct) and went
+        to ``engine_id``."""
         t = self._t = self._t + 1
         decay = self._decay
         self._total = self._total * decay + weight
@@ -116,10 +128,11 @@ class HotKeys:
         for key in keys:
             entry = counts.get(key)
             if entry is None:
-                counts[key] = [weight, t, 0.0]
+                counts[key] = [weight, t, 0.0, engine_id]
             else:
                 entry[0] = entry[0] * decay ** (t - entry[1]) + weight
                 entry[1] = t
+                entry[3] = engine_id
         if len(counts) > self._max_keys:
             self._prune()
 
@@ -129,6 +142,11 @@ class HotKeys:
         if entry is None or self._total <= 0.0:
             return 0.0
         return entry[0] * self._decay ** (self._t - entry[1]) / self._total
+
+    def engine(self, key: int) -> int:
+        """The engine id of the key's last observation; 0 if unseen or not known."""
+        entry = self._counts.get(key)
+        return 0 if entry is None else int(entry[3])
 
     def is_hot(self, key: int, enter_share: float, leave_share: float) -> bool:
         """Whether ``key``'s group is hot, with hysteresis: it becomes hot above
@@ -314,19 +332,29 @@ class ReferencePrefixHRW(Policy):
                 )
         if not ranked:
             return self._empty()
+        declared = False
         if used >= len(candidates):
-            reason, depth = "bounded-spill", -1
+            reason, depth, saving = "bounded-spill", -1, 0.0
         else:
             depth = candidates[used][0]
             reason = "prefix-home" if used == 0 else "prefix-spill"
             if len(request.prefix) < self.block_bytes:
                 reason = "no-prefix"
             declared = depth == 0 and request.key_depth_bytes == 0  # the client's session
-            least = -1
-            if not declared:
-                saving = (
-                    home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
+            saving = home_saving if used == 0 else self._saving_tokens(keys, 0 if cold else depth)
+        if not declared:
+            placed, placed_depth = self._last_placement(
+                view, request, keys, candidates[0][0], ranked[0], loads, mask
+            )
+            if placed >= 0:
+                ranked = [placed, *(i for i in ranked if i != placed)][:k]
+                reason, depth, saving = (
+                    "prefix-follow",
+                    placed_depth,
+                    placed_depth / BYTES_PER_TOKEN,
                 )
+            least = -1
+            if placed >= 0 or used < len(candidates):
                 least = self._cheaper_elsewhere(request, keys, saving, ranked[0], loads, view)
             if least >= 0:
                 ranked = [least, *(i for i in ranked if i != least)][:k]
@@ -365,6 +393,36 @@ class ReferencePrefixHRW(Policy):
         if home_load - int(loads[least]) <= saving_tokens + int(loads[least]) + stall:
             return -1  # and for the decodes its re-prefill stalls there
         return least
+
+    def _last_placement(
+        self,
+        view: FleetView,
+        request: RouteRequest,
+        keys: list[tuple[int, int]],
+        group_depth: int,
+        decided: int,
+        loads: np.ndarray,
+        mask: np.ndarray,
+    ) -> tuple[int, int]:
+        """The engine the deepest seen depth below ``group_depth`` was last sent to and
+        that depth, if it is eligible, not ``decided`` and within the load bound less the
+        saving there; else ``(-1, 0)``."""
+        for d, key in reversed(keys):
+            if d <= group_depth:
+                break
+            if self.seen.share(key) > 0.0:
+                ids = [int(x) for x in view.selector.engine_ids]
+                engine = self.seen.engine(key)
+                placed = ids.index(engine) if engine in ids else -1
+                if placed < 0 or not mask[placed] or placed == decided:
+                    break
+                slack = int(self.affinity_slack * (d / BYTES_PER_TOKEN))
+                if not view.selector.tree_within_bound(
+                    placed, request.row, loads, self.balance_factor, mask, slack
+                ):
+                    break
+                return placed, d
+        return -1, 0
 
     def _saving_tokens(self, keys: list[tuple[int, int]], depth: int) -> float:
         """The deepest depth of this request in the seen table (every depth of every routed
@@ -427,7 +485,7 @@ class ReferencePrefixHRW(Policy):
         # deeper keys start counting when their parent becomes hot. One request counts
         # one (requests, not tokens: the fourth re-record).
         self.hot.observe(keys[: upto + 1], 1.0)
-        self.seen.observe(keys, 1.0)
+        self.seen.observe(keys, 1.0, engine_id)
 
     def reset(self) -> None:
         self.hot.reset()

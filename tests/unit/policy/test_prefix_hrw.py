@@ -393,6 +393,62 @@ def test_the_load_bound_yields_by_what_staying_saves() -> None:
         make_policy("prefix-hrw", affinity_slack=-0.5)
 
 
+def test_a_request_follows_its_prefix_to_where_it_was_last_sent() -> None:
+    """A spill places a prefix away from its rendezvous home: the request that extends it
+    goes where the deepest depth of it the seen table holds was last sent (reason
+    ``"prefix-follow"``, that depth its saving: 4096 bytes, 1024 tokens), not to the
+    home. Not when that engine is ineligible, over its load bound less the saving, or not
+    known, nor for a session the client declared (never moved off its key's home)."""
+    view, policy, request, home = _routed_once(PrefixHRW(balance_factor=1.0), 26)
+    there = (home + 1) % 4
+    ids = [int(x) for x in view.selector.engine_ids]
+    policy.on_routed(request, ids[there])  # the same prefix, later sent elsewhere
+    follow_up = _request(request.prefix + _text(27, 2000), tokens=1600)
+    decision = policy.choose(follow_up, view)
+    assert (decision.chosen, decision.reason) == (there, "prefix-follow")
+    assert (decision.scores[0], decision.cached_tokens) == (4096.0, 1024)
+    assert home in decision.ranked  # the failover keeps the rest of the ranking
+    session = RouteRequest(7, 0, 1600, follow_up.prefix, None, key_depth_bytes=0)
+    assert policy.choose(session, view).reason == "prefix-home"  # declared: its own home
+
+    mask = np.ones(4, dtype=bool)
+    mask[there] = False
+    view.set_available(mask)
+    assert policy.choose(follow_up, view).chosen == home  # ineligible: the home
+    view.set_available(np.ones(4, dtype=bool))
+
+    # Over its bound less the saving (4 engines, c = 1: 4 (L - 1024) <= 3000 + L), before
+    # the cost spill would take it (L - 1000 > 1024 + 1000)
+    view.queued_loads[:] = 1000
+    view.queued_loads[there] = 2300  # 4 * 1276 = 5104 <= 5300: still follows
+    assert policy.choose(follow_up, view).chosen == there
+    view.queued_loads[there] = 2500  # 4 * 1476 = 5904 > 5500
+    decision = policy.choose(follow_up, view)
+    assert (decision.chosen, decision.reason) == (home, "prefix-home")
+    view.queued_loads[:] = 0
+
+    policy.on_routed(request, 0)  # sent, engine not known: no placement to follow
+    assert policy.choose(follow_up, view).reason == "prefix-home"
+    policy.on_routed(request, engine_id("not-in-the-table"))
+    assert policy.choose(follow_up, view).chosen == home
+
+
+def test_a_followed_request_still_pays_the_cost_spill() -> None:
+    """The engine a request follows to is its home for rule 3: a queue there worth more
+    than the saving (1024 tokens) plus the target's own queue spills it."""
+    view, policy, request, home = _routed_once(PrefixHRW(balance_factor=100.0), 28)
+    there = (home + 1) % 4
+    policy.on_routed(request, int(view.selector.engine_ids[there]))
+    follow_up = _request(request.prefix + _text(29, 2000), tokens=1600)
+    view.queued_loads[:] = 9000
+    view.queued_loads[there] = 1024
+    view.queued_loads[(home + 2) % 4] = 0
+    assert policy.choose(follow_up, view).reason == "prefix-follow"  # 1024 - 0 <= 1024 + 0
+    view.queued_loads[there] = 1025
+    decision = policy.choose(follow_up, view)
+    assert (decision.chosen, decision.reason) == ((home + 2) % 4, "cost-spill")
+
+
 def test_the_decision_says_what_it_expects_cached_at_the_chosen_engine() -> None:
     """``cached_tokens`` is the saving the rules counted at ``ranked[0]`` (the deepest
     depth of the request the seen table holds, at least the deciding key's, in tokens):

@@ -27,7 +27,14 @@ from fastroute.policy.prefix_hrw import PrefixHRW
 #: Requests per replay; enough for the share estimate to call groups hot.
 REQUESTS = 1200
 #: Every reason the policy gives must occur in the replays (else a path went untested).
-REASONS = {"prefix-home", "prefix-spill", "bounded-spill", "cost-spill", "no-prefix"}
+REASONS = {
+    "prefix-home",
+    "prefix-spill",
+    "bounded-spill",
+    "cost-spill",
+    "no-prefix",
+    "prefix-follow",
+}
 PARAMS = [
     {},
     {"balance_factor": 1.25, "hot_half_life_requests": 200.0, "affinity_slack": 0.0},
