@@ -673,38 +673,37 @@ cdef class PrefixPicker:
         # The spec's _last_placement: the engine index (-1 if none) and, in depth, the
         # depth of the deepest seen key below the group's, when its last placement is
         # known, eligible, not decided and within bound less its saving.
-        cdef Py_ssize_t j, placed
-        cdef uint64_t engine
-        cdef int64_t slack
+        cdef Py_ssize_t at = self._deepest_seen(keys, group_depth), placed = -1
+        if at < 0:
+            return -1
+        cdef uint64_t engine = self.seen._find(keys.hashes[at]).engine
+        if engine != 0:
+            placed = selector._eligible_index(engine, row, mask)
+        cdef int64_t slack = <int64_t>(self.affinity_slack
+                                       * (<double>keys.depths[at] / self.bytes_per_token))
+        if (placed < 0 or placed == decided
+                or not selector._tree_within_bound(tree, placed, row, load,
+                                                   self.balance_factor, slack)):
+            return -1
+        depth[0] = keys.depths[at]
+        return placed
+
+    cdef Py_ssize_t _deepest_seen(self, const RequestKeys* keys,
+                                  int64_t above_depth) noexcept nogil:
+        # The spec's _deepest_seen: the index of the deepest key deeper than above_depth
+        # that the seen table holds, else -1.
+        cdef Py_ssize_t j
         for j in range(keys.n_keys - 1, -1, -1):
-            if keys.depths[j] <= group_depth:
+            if keys.depths[j] <= above_depth:
                 return -1
             if self.seen._share(keys.hashes[j]) > 0.0:
-                engine = self.seen._find(keys.hashes[j]).engine
-                if engine == 0:
-                    return -1
-                placed = selector._eligible_index(engine, row, mask)
-                slack = <int64_t>(self.affinity_slack
-                                  * (<double>keys.depths[j] / self.bytes_per_token))
-                if (placed < 0 or placed == decided
-                        or not selector._tree_within_bound(tree, placed, row, load,
-                                                           self.balance_factor, slack)):
-                    return -1
-                depth[0] = keys.depths[j]
-                return placed
+                return j
         return -1
 
     cdef double _saving_tokens(self, const RequestKeys* keys, int64_t depth):
         # The spec's _saving_tokens: the deepest depth the seen table holds, >= depth.
-        cdef int64_t seen = depth
-        cdef Py_ssize_t j
-        for j in range(keys.n_keys - 1, -1, -1):
-            if keys.depths[j] <= seen:
-                break
-            if self.seen._share(keys.hashes[j]) > 0.0:
-                seen = keys.depths[j]
-                break
-        return <double>seen / self.bytes_per_token
+        cdef Py_ssize_t at = self._deepest_seen(keys, depth)
+        return <double>(depth if at < 0 else keys.depths[at]) / self.bytes_per_token
 
     cdef Py_ssize_t _cheaper_elsewhere(self, Selector selector, TreeState tree,
                                        const RequestKeys* keys, double saving_tokens,

@@ -415,38 +415,38 @@ class PrefixPicker:
         saves (rule 2's first home): ``(engine index, depth in bytes)``, else ``(-1, 0)``.
         A spill places a group's prefix away from its rendezvous home; the requests that
         extend it find it there, not at the home."""
-        for d, key in reversed(keys):
-            if d <= group_depth:
+        at = self._deepest_seen(keys, group_depth)
+        if at < 0:
+            return -1, 0
+        d, key = keys[at]
+        engine_id = self.seen.engine(key)
+        placed = selector.eligible_index(engine_id, row, mask) if engine_id else -1
+        slack = int(self.affinity_slack * (d / self.bytes_per_token))
+        if (
+            placed < 0
+            or placed == decided
+            or not selector.tree_within_bound(placed, row, loads, self.balance_factor, mask, slack)
+        ):
+            return -1, 0
+        return placed, d
+
+    def _deepest_seen(self, keys: list[tuple[int, int]], above_depth: int) -> int:
+        """The index in ``keys`` of the deepest key deeper than ``above_depth`` that the
+        seen table holds (a routed request sent that prefix recently), else -1."""
+        for at in range(len(keys) - 1, -1, -1):
+            d, key = keys[at]
+            if d <= above_depth:
                 break
             if self.seen.share(key) > 0.0:
-                engine_id = self.seen.engine(key)
-                if engine_id == 0:
-                    break
-                placed = selector.eligible_index(engine_id, row, mask)
-                slack = int(self.affinity_slack * (d / self.bytes_per_token))
-                if (
-                    placed < 0
-                    or placed == decided
-                    or not selector.tree_within_bound(
-                        placed, row, loads, self.balance_factor, mask, slack
-                    )
-                ):
-                    break
-                return placed, d
-        return -1, 0
+                return at
+        return -1
 
     def _saving_tokens(self, keys: list[tuple[int, int]], depth: int) -> float:
         """The prefill, in tokens, that going to the deciding key's home saves: the
         deepest depth of this request the seen table holds (a routed request sent that
         prefix recently), at least ``depth`` (the deciding key's, 0 when cold)."""
-        seen = depth
-        for d, key in reversed(keys):
-            if d <= seen:
-                break
-            if self.seen.share(key) > 0.0:
-                seen = d
-                break
-        return seen / self.bytes_per_token
+        at = self._deepest_seen(keys, depth)
+        return (depth if at < 0 else keys[at][0]) / self.bytes_per_token
 
     def _cold(self, n_eligible: int) -> bool:
         """Too few observations (under 2 per eligible engine) to tell a share from noise;
