@@ -646,7 +646,6 @@ cdef class Selector:
         # LoadChunks.refresh: one chunk re-read (every chunk on the tree's first call);
         # the total of the chunks' sums.
         cdef Py_ssize_t j
-        cdef int64_t total = 0
         if not t.scanned:
             for j in range(t.n_chunks):
                 _scan_chunk(t, j, load)
@@ -654,9 +653,7 @@ cdef class Selector:
         elif t.n_chunks:
             _scan_chunk(t, t.cursor, load)
             t.cursor = (t.cursor + 1) % t.n_chunks
-        for j in range(t.n_chunks):
-            total += t.chunk_sum[j]
-        return total
+        return _chunk_total(t)
 
     cdef Py_ssize_t _tree_rank_c(self, TreeState t, uint64_t key, Py_ssize_t row,
                                  Py_ssize_t k, Py_ssize_t* out_idx, const int64_t[:] load,
@@ -790,13 +787,7 @@ cdef class Selector:
     cdef bint _tree_within_bound(self, TreeState t, Py_ssize_t i, Py_ssize_t row,
                                  const int64_t[:] load, double c, int64_t slack) noexcept nogil:
         # tree_within_bound: the load total as of the tree's last refresh (LoadChunks.total).
-        cdef int64_t total = 0
-        cdef Py_ssize_t j
-        if not t.scanned:
-            total = self._refresh(t, load)
-        else:
-            for j in range(t.n_chunks):
-                total += t.chunk_sum[j]
+        cdef int64_t total = _chunk_total(t) if t.scanned else self._refresh(t, load)
         cdef double limit = c * <double>total
         return <double>(load[i] - slack) * t.total_w <= limit * self._w[row, i]
 
@@ -956,6 +947,15 @@ if (_PATH_CAP != MAX_DEPTH + 1 or SCAN_TIES != SPEC_SCAN_TIES
     raise ImportError("fastroute._core.selector was built against other selector_tree limits")
 
 cdef object _NO_LOAD = np.zeros(1, dtype=np.int64)
+
+
+cdef inline int64_t _chunk_total(TreeState t) noexcept nogil:
+    # The sum of the chunks' load sums as of their last scan.
+    cdef int64_t total = 0
+    cdef Py_ssize_t j
+    for j in range(t.n_chunks):
+        total += t.chunk_sum[j]
+    return total
 
 
 cdef inline void _scan_chunk(TreeState t, Py_ssize_t j, const int64_t[:] load) noexcept nogil:

@@ -255,12 +255,7 @@ class LoadChunks:
 
     def total(self, load: Any) -> int:
         """The total load as of the last :meth:`refresh` (which this is on the first call)."""
-        if not self.scanned:
-            return self.refresh(load)
-        total = 0
-        for s in self.sums:
-            total += s
-        return total
+        return sum(self.sums) if self.scanned else self.refresh(load)
 
     def refresh(self, load: Any) -> int:
         """Re-read one chunk (all on the first call); the total load."""
@@ -271,10 +266,7 @@ class LoadChunks:
         elif self.n_chunks:
             self._scan(self.cursor, load)
             self.cursor = (self.cursor + 1) % self.n_chunks
-        total = 0
-        for s in self.sums:
-            total += s
-        return total
+        return sum(self.sums)
 
 
 class TreeCache:
