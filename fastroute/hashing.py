@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from xxhash import xxh3_64_intdigest
 
-__all__ = ["key_hash", "engine_id", "class_key"]
+__all__ = ["PROMPT_KEY_PREFIX_BYTES", "key_hash", "engine_id", "class_key"]
+
+#: Bytes of a completion prompt's text that form its routing key
+#: (:mod:`fastroute.proxy.path.routing_key`; the simulator keys completions the same way):
+#: 1 KiB ≈ 256 tokens ≈ 16 vLLM KV blocks, long enough to tell prompts apart, short enough
+#: that prompts built on one template prefix share an engine (and its prefix cache).
+PROMPT_KEY_PREFIX_BYTES = 1024
 
 
 def key_hash(data: bytes | bytearray | memoryview | str) -> int:

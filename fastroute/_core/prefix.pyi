@@ -68,7 +68,9 @@ class PrefixPicker:
         affinity_slack: float = 1.0,
         stall_weight: float = 0.0,
     ) -> None: ...
-    def keys(self, prefix: bytes, key_hash: int, key_depth_bytes: int) -> list[tuple[int, int]]: ...
+    def keys(
+        self, prefix: bytes, key_hash: int, key_depth_bytes: int, prompt_tokens: int = 0
+    ) -> list[tuple[int, int]]: ...
     def choose(
         self,
         selector: Selector,

@@ -409,6 +409,13 @@ cdef class KeyLog:
         return stop, entries
 
 
+cdef inline uint64_t _whole_key(const char* data, Py_ssize_t length,
+                                uint64_t prompt_tokens) except? 0:
+    # The spec's whole_key: xxh3_64 of the bytes read, mixed with the prompt's tokens.
+    return (<uint64_t>_xxh3(PyMemoryView_FromMemory(<char*>data, length, PyBUF_READ))
+            ^ mix64(prompt_tokens))
+
+
 cdef inline Py_ssize_t _move_to_front(Py_ssize_t* ranked, Py_ssize_t m, Py_ssize_t k,
                                       Py_ssize_t first) noexcept nogil:
     # ranked[:m] becomes [first, *ranked[:m] without first][:k]; returns its length.
@@ -452,6 +459,7 @@ cdef class PrefixPicker:
     cdef readonly HotKeys hot
     cdef readonly HotKeys seen      # every depth of every routed request (the saving)
     cdef RequestKeys _last          # keys of the last decided request
+    cdef uint64_t _repeats          # decisions that spread a hot repeated prompt
     cdef object _last_request       # held, so that its identity cannot be reused
     cdef readonly KeyLog log        # the host's other workers' keys, or None
 
@@ -473,6 +481,7 @@ cdef class PrefixPicker:
         self.hot = HotKeys(hot_half_life_requests, max_keys)
         self.seen = HotKeys(hot_half_life_requests, max_keys)
         self._last_request = None
+        self._repeats = 0
         self.log = None
 
     def attach_log(self, KeyLog log):
@@ -483,7 +492,7 @@ cdef class PrefixPicker:
             log._drain(self.hot, self.seen)
 
     cdef int _fill_keys(self, object prefix, uint64_t key_hash, int64_t key_depth,
-                        RequestKeys* out) except -1:
+                        uint64_t prompt_tokens, RequestKeys* out) except -1:
         if not isinstance(prefix, bytes):
             prefix = bytes(prefix)
         cdef char* data = PyBytes_AS_STRING(prefix)
@@ -513,14 +522,22 @@ cdef class PrefixPicker:
             out.hashes[at] = key_hash
             out.route_at = at
             n += 1
+        else:
+            # no conversation key: the whole prompt is the deepest group (the spec)
+            out.depths[n] = length
+            out.hashes[n] = (out.hashes[n - 1] ^ mix64(prompt_tokens)
+                             if out.depths[n - 1] == length
+                             else _whole_key(data, length, prompt_tokens))
+            n += 1
         out.n_keys = n
         out.n_observe = _all_keys
         return 0
 
-    def keys(self, prefix, uint64_t key_hash, int64_t key_depth_bytes):
+    def keys(self, prefix, uint64_t key_hash, int64_t key_depth_bytes,
+             uint64_t prompt_tokens=0):
         """The request's ``(depth_bytes, key)`` pairs, shallow first (see the spec)."""
         cdef RequestKeys keys
-        self._fill_keys(prefix, key_hash, key_depth_bytes, &keys)
+        self._fill_keys(prefix, key_hash, key_depth_bytes, prompt_tokens, &keys)
         return [(keys.depths[j], keys.hashes[j]) for j in range(keys.n_keys)]
 
     cdef inline bint _cold(self, Py_ssize_t n_eligible) noexcept nogil:
@@ -528,12 +545,13 @@ cdef class PrefixPicker:
         return n_eligible > 1 and self.hot._t < 2 * n_eligible
 
     cdef Py_ssize_t _candidates(self, RequestKeys* keys, Py_ssize_t n_eligible,
-                                Py_ssize_t* chosen) noexcept nogil:
+                                Py_ssize_t* chosen, bint* every_hot) noexcept nogil:
         # The spec's _candidates: indices into keys of the keys to try, their count
-        # returned, keys.n_observe set.
+        # returned, keys.n_observe and every_hot (no key of the request is cold) set.
         cdef Py_ssize_t n = keys.n_keys, j, i, c, n_chosen = 0, last = 0
         cdef Py_ssize_t step = -1 if self.deep else 1, first = n - 1 if self.deep else 0
         cdef double enter, leave
+        every_hot[0] = False
         if self._cold(n_eligible):
             # too few observations: the routing key, else the most specific key
             chosen[0] = keys.route_at if keys.route_at >= 0 else n - 1
@@ -553,6 +571,7 @@ cdef class PrefixPicker:
                     if n_chosen == _max_candidates:
                         break
             if n_chosen == 0:
+                every_hot[0] = True
                 chosen[0] = first + step * (n - 1)
                 n_chosen = 1
         else:
@@ -585,7 +604,8 @@ cdef class PrefixPicker:
             self.log._drain(self.hot, self.seen)
         cdef RequestKeys* keys = &self._last
         self._last_request = None  # until the keys below are complete
-        self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, keys)
+        self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes,
+                        request.prompt_tokens, keys)
         cdef Py_ssize_t n = selector.n_engines, i
         cdef const uint8_t[::1] mask
         cdef const uint8_t* mask_ptr = NULL
@@ -597,10 +617,18 @@ cdef class PrefixPicker:
         cdef TreeState tree = selector._tree_for(row, available, mask_ptr)
         cdef Py_ssize_t chosen[_CANDIDATES_CAP]
         cdef uint64_t candidate_keys[_CANDIDATES_CAP]
-        cdef Py_ssize_t n_chosen = self._candidates(keys, tree.m, chosen)
-        self._last_request = request
+        cdef int64_t candidate_depths[_CANDIDATES_CAP]
+        cdef bint every_hot, repeat = False
+        cdef Py_ssize_t n_chosen = self._candidates(keys, tree.m, chosen, &every_hot)
         for i in range(n_chosen):
             candidate_keys[i] = keys.hashes[chosen[i]]
+            candidate_depths[i] = keys.depths[chosen[i]]
+        if every_hot and request.key_depth_bytes != 0:  # a declared session keeps its home
+            repeat = self._repeat(request, keys, tree.m, candidate_keys, candidate_depths)
+            keys.n_observe = keys.n_keys
+            if repeat:
+                n_chosen = 1
+        self._last_request = request
         if k > tree.m:
             k = tree.m
         if k == 0:
@@ -615,7 +643,7 @@ cdef class PrefixPicker:
         cdef int64_t placed_depth = 0
         cdef bint cold = self._cold(tree.m), bounded
         # The first candidate's home may exceed the bound by what staying there saves.
-        cdef double home_saving = self._saving_tokens(keys, 0 if cold else keys.depths[chosen[0]])
+        cdef double home_saving = self._saving_tokens(keys, 0 if cold else candidate_depths[0])
         cdef double saving
         cdef int64_t slack = <int64_t>(self.affinity_slack * home_saving), stall
         try:
@@ -636,9 +664,11 @@ cdef class PrefixPicker:
             if bounded:
                 reason, depth, saving = "bounded-spill", -1, 0.0
             else:
-                depth = keys.depths[chosen[used]]
+                depth = candidate_depths[used]
                 reason = "prefix-home" if used == 0 else "prefix-spill"
-                if len(request.prefix) < self.block_bytes:
+                if repeat:
+                    reason = "repeat-spread"
+                elif len(request.prefix) < self.block_bytes:
                     reason = "no-prefix"
                 # cold: the deciding key was not chosen for its cache, so only what was
                 # observed
@@ -647,7 +677,7 @@ cdef class PrefixPicker:
                 if depth == 0 and request.key_depth_bytes == 0:
                     # the client's session: never cost-spilled
                     return [out_idx[i] for i in range(m)], reason, depth, <int64_t>saving
-            placed = self._last_placement(selector, tree, keys, keys.depths[chosen[0]],
+            placed = self._last_placement(selector, tree, keys, candidate_depths[0],
                                           out_idx[0], row, load, mask_ptr, &placed_depth)
             if placed >= 0:
                 # the spec's follow: the request's deepest seen prefix was last sent there
@@ -665,6 +695,35 @@ cdef class PrefixPicker:
         finally:
             if k > _SMALL_K:
                 free(out_idx)
+
+    cdef bint _repeat(self, object request, RequestKeys* keys, Py_ssize_t n_eligible,
+                      uint64_t* candidate_keys, int64_t* candidate_depths) except -1:
+        # The spec's _repeat: every key is hot; the whole key is appended when it is not
+        # the last, and when it is hot the first candidate becomes it salted (True).
+        prefix = request.prefix
+        if not isinstance(prefix, bytes):
+            prefix = bytes(prefix)
+        cdef Py_ssize_t length = min(PyBytes_GET_SIZE(prefix), self.prefix_bytes), j
+        cdef int64_t key_depth = request.key_depth_bytes
+        cdef uint64_t whole, tokens = request.prompt_tokens
+        if key_depth < 0 and length >= self.block_bytes:
+            whole = keys.hashes[keys.n_keys - 1]  # already their last (_fill_keys)
+        else:
+            j = keys.n_keys - 1  # the deepest depth key, if it is the whole prompt
+            while j >= 0 and (keys.depths[j] < self.block_bytes or keys.depths[j] == key_depth):
+                j -= 1
+            whole = (keys.hashes[j] ^ mix64(tokens) if j >= 0 and keys.depths[j] == length
+                     else _whole_key(PyBytes_AS_STRING(prefix), length, tokens))
+            keys.depths[keys.n_keys] = length
+            keys.hashes[keys.n_keys] = whole
+            keys.n_keys += 1
+        cdef double enter = self.hot_share_factor / <double>n_eligible
+        if not self.hot._is_hot(whole, enter, enter * _leave_ratio):
+            return False
+        self._repeats += 1
+        candidate_keys[0] = whole ^ mix64(self._repeats)
+        candidate_depths[0] = length
+        return True
 
     cdef Py_ssize_t _last_placement(self, Selector selector, TreeState tree,
                                     const RequestKeys* keys, int64_t group_depth,
@@ -735,7 +794,8 @@ cdef class PrefixPicker:
         cdef RequestKeys fresh
         cdef RequestKeys* keys = &self._last
         if request is not self._last_request:
-            self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes, &fresh)
+            self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes,
+                            request.prompt_tokens, &fresh)
             keys = &fresh
         cdef Py_ssize_t n_observe = min(keys.n_keys, keys.n_observe)
         self.hot._observe(keys.hashes, n_observe, 1.0, 0)
@@ -748,3 +808,4 @@ cdef class PrefixPicker:
         self.hot.reset()
         self.seen.reset()
         self._last_request = None
+        self._repeats = 0

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from fastroute._core.selector_py import mix64
+
 __all__ = [
     "DEFAULT_MAX_KEYS",
     "HOT_LEAVE_RATIO",
@@ -37,6 +39,7 @@ __all__ = [
     "HotKeys",
     "PrefixPicker",
     "depth_keys",
+    "whole_key",
 ]
 
 _hash = xxhash.xxh3_64_intdigest
@@ -79,6 +82,14 @@ def depth_keys(prefix: bytes, block_bytes: int) -> list[tuple[int, int]]:
         keys.append((depth, _hash(view[:depth])))
         depth *= 2
     return keys
+
+
+def whole_key(read: bytes, prompt_tokens: int) -> int:
+    """The identity of a request's whole prompt: ``xxh3_64(read) ^ mix64(prompt_tokens)``,
+    ``read`` the prompt's first ``prefix_bytes`` bytes. The token count tells a prompt
+    that continues past the bytes read from another (a session's growing context from
+    a long prompt sent again)."""
+    return _hash(read) ^ mix64(prompt_tokens)
 
 
 class HotKeys:
@@ -227,6 +238,8 @@ class PrefixPicker:
         self.seen = HotKeys(hot_half_life_requests, max_keys)
         # The last decided request, its key hashes and how many of them on_routed observes.
         self._last: tuple[Any, list[int], int] = (None, [], _ALL)
+        # Decisions that spread a hot repeated prompt (the salt of its next one).
+        self._repeats = 0
         #: The host's key log (``fastroute._core.keylog_py.KeyLog``), or None.
         self.log: Any = None
 
@@ -240,20 +253,36 @@ class PrefixPicker:
         if log is not None:
             log.drain(self.hot, self.seen)
 
-    def keys(self, prefix: bytes, key_hash: int, key_depth_bytes: int) -> list[tuple[int, int]]:
+    def keys(
+        self, prefix: bytes, key_hash: int, key_depth_bytes: int, prompt_tokens: int = 0
+    ) -> list[tuple[int, int]]:
         """The request's ``(depth_bytes, key)`` pairs, shallow first.
 
         The depth keys of ``prefix[:prefix_bytes]``, with the routing key inserted after
-        the depths ``<= key_depth_bytes`` when that is ``>= 0``; ``[(0, key_hash)]`` when
-        the prefix is shorter than one block.
+        the depths ``<= key_depth_bytes`` when that is ``>= 0``, else the whole prompt's
+        key (:func:`whole_key`, at the depth of the bytes read) after them: without a
+        conversation key to mark where the request's own part begins, the whole prompt
+        is its deepest group. ``[(0, key_hash)]`` when the prefix is shorter than one
+        block.
         """
-        keys = depth_keys(prefix[: self.prefix_bytes], self.block_bytes)
+        read = prefix[: self.prefix_bytes]
+        keys = depth_keys(read, self.block_bytes)
         if key_depth_bytes >= 0 and keys:
             at = 0
             while at < len(keys) and keys[at][0] <= key_depth_bytes:
                 at += 1
             keys.insert(at, (key_depth_bytes, key_hash))
+        elif keys:
+            keys.append((len(read), self._whole_key(read, prompt_tokens, keys)))
         return keys or [(0, key_hash)]
+
+    @staticmethod
+    def _whole_key(read: bytes, prompt_tokens: int, keys: list[tuple[int, int]]) -> int:
+        """:func:`whole_key`, reusing the deepest depth key's hash when that depth is the
+        whole of ``read`` (a prompt of a power-of-two blocks, or one cut at prefix_bytes)."""
+        if keys and keys[-1][0] == len(read):
+            return keys[-1][1] ^ mix64(prompt_tokens)
+        return whole_key(read, prompt_tokens)
 
     def choose(
         self,
@@ -280,10 +309,18 @@ class PrefixPicker:
         """
         if self.log is not None:
             self.log.drain(self.hot, self.seen)
-        keys = self.keys(request.prefix, request.key_hash, request.key_depth_bytes)
+        keys = self.keys(
+            request.prefix, request.key_hash, request.key_depth_bytes, request.prompt_tokens
+        )
         route = (request.key_depth_bytes, request.key_hash)
         n_eligible = selector.tree_size(request.row, mask)
-        candidates, upto = self._candidates(keys, n_eligible, route)
+        candidates, upto, every_hot = self._candidates(keys, n_eligible, route)
+        repeat = None
+        if every_hot and request.key_depth_bytes != 0:  # a declared session keeps its home
+            repeat = self._repeat(request, keys, n_eligible)
+            upto = len(keys)
+            if repeat is not None:
+                candidates = [repeat]
         self._last = (request, [h for _, h in keys], upto)
         cold = self._cold(n_eligible)
         # The first candidate's home may exceed the bound by what staying there saves.
@@ -306,7 +343,9 @@ class PrefixPicker:
         else:
             depth = candidates[used][0]
             reason = "prefix-home" if used == 0 else "prefix-spill"
-            if len(request.prefix) < self.block_bytes:
+            if repeat is not None:
+                reason = "repeat-spread"
+            elif len(request.prefix) < self.block_bytes:
                 reason = "no-prefix"
             # Cold: the deciding key was not chosen for its cache, so the saving is only
             # what the seen table holds.
@@ -455,10 +494,11 @@ class PrefixPicker:
 
     def _candidates(
         self, keys: list[tuple[int, int]], n_eligible: int, route: tuple[int, int]
-    ) -> tuple[list[tuple[int, int]], int]:
+    ) -> tuple[list[tuple[int, int]], int, bool]:
         """The keys to try, in order (those of groups that are not hot, else the deepest),
-        and how many of ``keys`` ``on_routed`` observes (``n_eligible``: the row's
-        eligible engines; ``route``: the routing key's ``(depth, hash)``)."""
+        how many of ``keys`` ``on_routed`` observes and whether every key is hot
+        (``n_eligible``: the row's eligible engines; ``route``: the routing key's
+        ``(depth, hash)``)."""
         hot = self.hot
         deepest, order = keys[-1], keys[::-1] if self.deep else keys
         # Cold: the routing key (a session, a conversation) if it is one of the keys, else
@@ -469,7 +509,8 @@ class PrefixPicker:
         if self._cold(n_eligible):
             first = route if route in keys else deepest
             upto = len(keys) if self.deep else 1 + min(len(keys), MAX_CANDIDATES)
-            return ([first] if first == deepest else [first, deepest]), upto
+            return ([first] if first == deepest else [first, deepest]), upto, False
+        every_hot = False
         if n_eligible > 1:
             enter = self.hot_share_factor / n_eligible
             leave = enter * HOT_LEAVE_RATIO
@@ -479,6 +520,7 @@ class PrefixPicker:
                     cold.append(kd)
                     if len(cold) == MAX_CANDIDATES:
                         break
+            every_hot = not cold
             chosen = cold or order[-1:]
         else:
             chosen = order[:MAX_CANDIDATES]
@@ -490,7 +532,31 @@ class PrefixPicker:
         # so requests that all share the candidates' prefixes do not herd onto one engine.
         if chosen[-1] != deepest:
             chosen = [*chosen, deepest]
-        return chosen, upto
+        return chosen, upto, every_hot
+
+    def _repeat(
+        self, request: Any, keys: list[tuple[int, int]], n_eligible: int
+    ) -> tuple[int, int] | None:
+        """Rule 1 when every key of ``request`` is hot: if its whole prompt is hot too (one
+        prompt sent by many, a load test, a fixed instruction), no deeper key can split
+        the group, and any engine caches the prompt for one prefill, so the request is
+        ranked by its whole key salted with this picker's count of such decisions: the
+        repeats spread by weight. ``(depth, salted key)``, else None. Appends the whole
+        key to ``keys`` when it is not their last, so that ``on_routed`` counts it."""
+        read = request.prefix[: self.prefix_bytes]
+        if request.key_depth_bytes < 0 and len(read) >= self.block_bytes:
+            whole = keys[-1][1]  # already their last (keys)
+        else:
+            depths = [
+                kd for kd in keys if kd[0] >= self.block_bytes and kd[0] != request.key_depth_bytes
+            ]
+            whole = self._whole_key(read, request.prompt_tokens, depths)
+            keys.append((len(read), whole))
+        enter = self.hot_share_factor / n_eligible
+        if not self.hot.is_hot(whole, enter, enter * HOT_LEAVE_RATIO):
+            return None
+        self._repeats += 1
+        return len(read), whole ^ mix64(self._repeats)
 
     def on_routed(self, request: Any, engine_id: int = 0) -> None:
         """``request`` was sent to ``engine_id`` (0: not known): count it, one request,
@@ -504,7 +570,10 @@ class PrefixPicker:
         last, keys, upto = self._last
         if last is not request:
             keys = [
-                h for _, h in self.keys(request.prefix, request.key_hash, request.key_depth_bytes)
+                h
+                for _, h in self.keys(
+                    request.prefix, request.key_hash, request.key_depth_bytes, request.prompt_tokens
+                )
             ]
             upto = _ALL
         self.hot.observe(keys[:upto], 1.0)
@@ -517,3 +586,4 @@ class PrefixPicker:
         self.hot.reset()
         self.seen.reset()
         self._last = (None, [], _ALL)
+        self._repeats = 0

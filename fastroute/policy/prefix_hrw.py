@@ -6,7 +6,13 @@ Algorithm
     ``prefix_bytes``) and ``b = block_bytes``. The request's **depth keys** are
     ``h_j = xxh3_64(P[:b·2^j])`` for ``j = 0, 1, …`` while ``b·2^j <= len(P)``, plus the
     routing key where it is itself a prefix (chat: the messages through the first user
-    message, at that depth; a session id the client sent, at depth 0), sorted by depth.
+    message, at that depth; a session id the client sent, at depth 0), sorted by depth;
+    a request whose routing key is not a prefix (a completion prompt) has instead its
+    **whole key** ``xxh3_64(P) ^ mix64(prompt_tokens)`` at depth ``len(P)`` as its
+    deepest: without a conversation key to mark where its own part begins, the whole
+    prompt is its deepest group (completion prompts that share a hot 2 kB prefix and
+    differ only below the next depth had no key to split by: every engine but the
+    prefix's home idle in the simulator's `hot-prompt` family).
     Two requests that share a leading prefix of ``s`` bytes share every depth key up to
     ``s``, whatever follows, so a depth key names a **group** of requests that can reuse
     one KV-cache prefix, and its weighted rendezvous **home** (hierarchical rendezvous,
@@ -30,6 +36,20 @@ Algorithm
        ranked by its routing key when that is one of its keys, else by its deepest key,
        so that a fresh worker spreads a prefix everybody shares instead of sending it all
        to the root's home (the share estimate observes the same keys as afterwards).
+       **Repeats spread.** When every key is hot, the request's whole key is counted with
+       them (for a chat, appended as its deepest), and once it is hot too (one prompt
+       sent by many: a load test, a fixed instruction template) the request is ranked by
+       the whole key salted with the worker's count of such decisions (reason
+       ``"repeat-spread"``), so the repeats cover the fleet by weight. No deeper key can
+       split such a group, every engine caches the prompt for one prefill, and with
+       nothing left to prefill its decodes are invisible to rule 2's load (five prompts
+       repeated, in the simulator: max/min engine load 5.1 -> 2.6 at 0.9 of capacity; at
+       3x with the shed 48.5 -> 52.6 req/s, round robin 51.0; docs/fleet-benchmark.md,
+       "Prompts sent again and again"). A new prompt is spread only once its share
+       crosses the threshold, after about 200 requests when it is all the traffic. A
+       session whose prompt grows is hot at every key but never at its whole key (the
+       token count changes), so it keeps its engine; a session id the client declared is
+       not spread.
     2. **Load bound.** The load ``L_e`` of an engine is its **queued prompt tokens**: the
        prompts of the attempts in flight to it from this host (all workers: the shared
        stats block), and from the deployment's other proxies when ``proxy.peers`` lists
@@ -37,9 +57,14 @@ Algorithm
        ``p`` proxies sees about ``1/p`` of every queue), that have not produced their first
        token (or, for a JSON answer, ended) yet, each less the prefix its decision expected
        cached there (``Decision.cached_tokens``: the saving of rule 4 at the chosen
-       engine, 0 after a spill), the prefill a new request waits behind; a view that does
-       not track them gives in-flight tokens (prompt + output budget), else in-flight
-       requests.
+       engine, 0 after a spill) but at least ``f = queued_floor_tokens`` of it (the whole
+       prompt if shorter), the prefill a new request waits behind; a view that does not
+       track them gives in-flight tokens (prompt + output budget), else in-flight
+       requests. The floor because a request whose prompt is cached still needs an
+       engine slot: when the slots are full it waits for a running decode to end, and at
+       one token each a queue of such requests was invisible to the bound (five prompts
+       repeated at 3x nominal: 60.1 req/s of goodput and a TTFT p99 of 11 s in the
+       simulator, round robin 76.1 and 0.3 s; 70.9 and 3.8 s with the floor).
        Net of the cache because a returning session's cached prefix is no work: counted
        whole, two or three cached 5 k-token chat turns put a home over its bound and 18 %
        of consecutive chat turns changed engine through the fleet at 90 % (5 % net of it).
@@ -174,7 +199,10 @@ Tunables
         share estimate. Estimating a share near the threshold ``1/n`` to ±25 % needs about
         ``16 n`` requests, so 1024 serves fleets up to about 64 engines; set it to ``16 n``
         for larger ones. Requests of the host with the key log, of the worker without it.
-        Shorter reacts faster to shifts.
+        Shorter reacts faster to shifts: a new prompt that is 44 % of a 4-engine fleet's
+        requests is hot after about 490 requests at 1024, and until then goes to one
+        home (at 256 the simulator's families are within −1.6 / +0.6 % and repeated
+        prompts spread sooner; docs/fleet-benchmark.md, "Prompts sent again and again").
     ``affinity_slack`` : float >= 0, tokens of load per token saved; default 1.0. ``a``
         of rule 2: by how much of its saving the first home may exceed the bound. At 1 the
         bound yields exactly what staying saves, the exchange rate of rule 4 (a queued
@@ -201,6 +229,21 @@ Tunables
         / 20.3 on `rag` 4x but cost `prefix-tree` 0.9 (4 seeds) 0.0 / −3.2 / −8.5 %
         (0.1: −1.2 % at 4 seeds, −1.0 % at 8), whose spills buy the TTFT it misses
         (docs/fleet-benchmark.md, "The re-prefill's stall").
+    ``queued_floor_tokens`` : int >= 1, tokens; default 128. ``f`` of rule 2: the least
+        prompt a queued attempt counts. What it stands for is the wait behind a queued
+        request whose prompt is cached, on an engine whose slots are full: one running
+        decode's end, about 350 tokens of prefill at the families' outputs on the A40
+        profile (150 tokens at about 50 ms a step with 250 running: a decode ends every
+        30 ms; 12 k prefill tokens a second), nothing on an engine with slots to spare,
+        where a cached request is admitted at once.
+        Simulator (`examples/scenarios/repeated-prompts.toml` at 3x, 2 seeds, without /
+        with the LP's shed): 1 gives 60.1 / 48.3 req/s, 64 / 128 / 256 / 512 give 64.0 /
+        50.2, 70.9 / 52.6, 75.1 / 53.5, 76.1 / 51.4 (round robin 76.1 / 51.0); the 16
+        nominal cells are unchanged at 128 (within −1.4 / +1.1 % at 512); past saturation
+        on shared documents (`rag`, `bursts` 2.5-4x, 8 seeds) 128 is within −1.2 / +2.1 %,
+        512 costs `bursts` 2-3 % and `long-tail` 2.5x 6 %: counted higher, briefly
+        queued cached turns put their homes over the bound. 128 is one block of the
+        default ``block_bytes``, the least the policy counts as a cache hit.
     ``order`` : ``"shallow"`` (default) or ``"deep"``.
 
 Invariants
@@ -210,7 +253,8 @@ Invariants
     the table.
 
 Cost per request
-    Hashing at most ``2 · prefix_bytes`` bytes (xxh3), one share lookup and (on routing)
+    Hashing at most ``3 · prefix_bytes`` bytes (xxh3: the depths, and the whole key of a
+    completion prompt or of a request whose keys are all hot), one share lookup and (on routing)
     two updates (shares, seen table) per depth key, and no loop over the engines: a
     descent of the rendezvous trie per ranked engine (about
     ``16 · ceil(log16(n / 16)) + 16`` hashes: 50 at 10,000 engines), one more descent
@@ -233,8 +277,9 @@ Cost per request
 (prompt shorter than one block: the routing key's home, under the same bound).
 ``scores`` holds, for the chosen engine only, the depth in bytes of the key that decided
 (-1 for the bounded fallback and the cost spill) and then 0 for the other ranked engines.
-``cached_tokens`` is the saving the rules counted at the chosen engine (tokens; 0 for the
-bounded fallback and the cost spill): what rule 2's load leaves out of the attempt's prompt.
+``cached_tokens`` is what rule 2's load leaves out of the attempt's prompt: the saving the
+rules counted at the chosen engine (tokens; 0 for the bounded fallback and the cost spill),
+at most the prompt less ``queued_floor_tokens``.
 """
 
 from __future__ import annotations
@@ -321,6 +366,9 @@ class PrefixHRW(Policy):
         ``w >= 0``: leaving the home (the load bound or the cost spill) also pays ``w``
         times the saving per request in flight where the request would go (the decodes
         its re-prefill stalls); default 0.1.
+    queued_floor_tokens : int
+        ``f >= 1``: the least prompt a queued attempt counts in the load, tokens (the
+        whole prompt if shorter); default 128.
     order : {"shallow", "deep"}
         Which depth key is tried first; default ``"shallow"``.
     """
@@ -338,6 +386,7 @@ class PrefixHRW(Policy):
         hot_half_life_requests: float = 1024.0,
         affinity_slack: float = 1.0,
         stall_weight: float = 0.1,
+        queued_floor_tokens: int = 128,
         order: str = "shallow",
     ) -> None:
         if not isinstance(block_bytes, int) or block_bytes < MIN_BLOCK_BYTES:
@@ -373,6 +422,11 @@ class PrefixHRW(Policy):
             )
         if not stall_weight >= 0:
             raise PolicyConfigError(f"prefix-hrw: stall_weight must be >= 0, got {stall_weight!r}")
+        if not isinstance(queued_floor_tokens, int) or queued_floor_tokens < 1:
+            raise PolicyConfigError(
+                f"prefix-hrw: queued_floor_tokens must be an integer >= 1, "
+                f"got {queued_floor_tokens!r}"
+            )
         if order not in _ORDERS:
             raise PolicyConfigError(f"prefix-hrw: order must be one of {_ORDERS}, got {order!r}")
         self.block_bytes = block_bytes
@@ -382,6 +436,7 @@ class PrefixHRW(Policy):
         self.hot_half_life_requests = float(hot_half_life_requests)
         self.affinity_slack = float(affinity_slack)
         self.stall_weight = float(stall_weight)
+        self.queued_floor_tokens = queued_floor_tokens
         self.order = order
         self._picker = PrefixPicker(
             block_bytes,
@@ -407,7 +462,9 @@ class PrefixHRW(Policy):
 
     def keys(self, request: RouteRequest) -> list[tuple[int, int]]:
         """The request's ``(depth_bytes, key)`` pairs, shallow first (see the module)."""
-        return self._picker.keys(request.prefix, request.key_hash, request.key_depth_bytes)
+        return self._picker.keys(
+            request.prefix, request.key_hash, request.key_depth_bytes, request.prompt_tokens
+        )
 
     def choose(self, request: RouteRequest, view: FleetView, k: int = DEFAULT_K) -> Decision:
         check_k(k)
@@ -420,6 +477,8 @@ class PrefixHRW(Policy):
         # Built here rather than by _decision: the picker's values are ints and floats.
         ids = self._engine_ids(view)
         scores = (float(depth),) + (0.0,) * (len(ranked) - 1)
+        # Rule 2's floor: a queued attempt counts at least f of its prompt.
+        cached = min(cached, max(0, request.prompt_tokens - self.queued_floor_tokens))
         return Decision(
             tuple(ranked), tuple([ids[i] for i in ranked]), self.name, reason, scores, cached
         )
@@ -446,5 +505,6 @@ class PrefixHRW(Policy):
             f"balance_factor={self.balance_factor} hot_share_factor={self.hot_share_factor} "
             f"hot_half_life_requests={self.hot_half_life_requests} "
             f"affinity_slack={self.affinity_slack} stall_weight={self.stall_weight} "
+            f"queued_floor_tokens={self.queued_floor_tokens} "
             f"order={self.order!r}>"
         )

@@ -46,8 +46,8 @@ from fastroute.emulator.profiles import true_profile
 from fastroute.guards.admission import Verdict, should_shed
 from fastroute.guards.outlier import Outcome
 from fastroute.hardware import get_profile
+from fastroute.hashing import PROMPT_KEY_PREFIX_BYTES, key_hash
 from fastroute.hashing import engine_id as make_engine_id
-from fastroute.hashing import key_hash
 from fastroute.policy import RouteRequest
 from fastroute.policy.marginal import REASON_SLO_INFEASIBLE, MarginalRequest, StateColumn
 from fastroute.predict.calibration import datasheet_profile
@@ -1039,10 +1039,11 @@ class Simulator:
         req.max_tokens = spec.max_tokens
         policy = dp.policy
         prefix = self._prefix(sess, turn, policy.prefix_bytes) if policy.needs_prefix else b""
+        route_key, key_depth = self._route_key(sess, turn)
         if dp.calibration is not None:
             # The tenant keys the output-length histograms (a proxy gets it from a header).
             req.route = MarginalRequest(
-                key_hash=key_hash(s.session_id),
+                key_hash=route_key,
                 row=req.row,
                 prompt_tokens=req.prompt.num_tokens,
                 prefix=prefix,
@@ -1050,12 +1051,12 @@ class Simulator:
             )
         else:
             req.route = RouteRequest(
-                key_hash=key_hash(s.session_id),
+                key_hash=route_key,
                 row=req.row,
                 prompt_tokens=req.prompt.num_tokens,
                 prefix=prefix,
                 expected_output_tokens=spec.max_tokens,
-                key_depth_bytes=self._key_depth(sess) if prefix else -1,
+                key_depth_bytes=key_depth if prefix else -1,
             )
         req.arrival_s = t
         req.attempts = 0
@@ -1118,6 +1119,20 @@ class Simulator:
                 parts.append(reply_text(s.session_id, i, s.turns[i].max_tokens))
                 size += len(parts[-1])
         return "\n".join(parts).encode()[:limit_bytes]
+
+    def _route_key(self, sess: _Session, turn: int) -> tuple[int, int]:
+        """The request's routing key and the depth it ends at (-1: not a prefix), as
+        ``dataplane.routing_key`` says the proxy derives it."""
+        s = sess.session
+        how = self.scenario.dataplane.routing_key
+        if how == "completion":
+            return key_hash(self._prefix(sess, turn, PROMPT_KEY_PREFIX_BYTES)), -1
+        if how == "conversation":
+            first = s.turns[0].user_text
+            return key_hash(f"{s.system_prompt}\n{first}" if s.system_prompt else first), (
+                self._key_depth(sess)
+            )
+        return key_hash(s.session_id), self._key_depth(sess)
 
     @staticmethod
     def _key_depth(sess: _Session) -> int:

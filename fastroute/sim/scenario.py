@@ -250,6 +250,14 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
         proxy's ``proxy.peer_key_exchange``, :mod:`fastroute.policy.key_exchange`):
         default true; with ``peer_poll_interval_s > 0``, ``key_log_entries > 0`` and more
         than one proxy.
+    routing_key : {"session", "conversation", "completion"}
+        Each request's routing key, as the proxy derives it
+        (:mod:`fastroute.proxy.path.routing_key`): ``"session"`` (default) the session's
+        own id at its conversation's depth (a chat client whose first messages are its
+        own); ``"conversation"`` the text of the system prompt and the first user message
+        at that depth, so sessions that open alike share it (the proxy's key for a chat
+        without a session id: one prompt sent by many is one key); ``"completion"`` the
+        prompt's first 1024 bytes and no conversation depth (the completions API).
     """
 
     policy: str = DEFAULT_POLICY
@@ -276,6 +284,7 @@ class DataPlaneConfig(msgspec.Struct, **_OPTS):
     peer_poll_interval_s: float = 0.0
     key_log_entries: int = 4096
     peer_key_exchange: bool = True
+    routing_key: Literal["session", "conversation", "completion"] = "session"
     hedge: bool = False
     hedge_quantile: float = 0.95
     hedge_floor_s: float = 0.05

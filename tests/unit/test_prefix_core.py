@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fastroute import _core
-from fastroute._core.prefix_py import depth_keys
+from fastroute._core.prefix_py import depth_keys, whole_key
 from fastroute.hashing import engine_id
 from fastroute.policy import RouteRequest
 
@@ -74,11 +74,23 @@ def test_keys_are_the_depth_hashes_with_the_routing_key_at_its_depth(picker: typ
     prefix = bytes(range(256)) * 20  # 5120 bytes: depths 512 .. 4096
     p = picker(512, 32768, 2.0, 0.5, 1024.0)
     depths = depth_keys(prefix, 512)
-    assert p.keys(prefix, 7, -1) == depths
     assert p.keys(prefix, 7, 1500) == [*depths[:2], (1500, 7), *depths[2:]]
     assert p.keys(prefix, 7, 0) == [(0, 7), *depths]
     assert p.keys(prefix[:100], 7, 1500) == [(0, 7)]
-    assert picker(512, 1024, 2.0, 0.5, 1024.0).keys(prefix, 7, -1) == depths[:2]
+    # No routing key among them: the whole prompt read (and its tokens) is the deepest key.
+    assert p.keys(prefix, 7, -1, 1300) == [*depths, (5120, whole_key(prefix, 1300))]
+    assert p.keys(prefix[:100], 7, -1, 25) == [(0, 7)]
+    short = picker(512, 1024, 2.0, 0.5, 1024.0)
+    assert short.keys(prefix, 7, -1) == [*depths[:2], (1024, whole_key(prefix[:1024], 0))]
+
+
+def test_the_whole_key_tells_prompts_apart_by_their_tokens() -> None:
+    """Two prompts that agree on every byte read differ by their token counts (a
+    session's context that grows past ``prefix_bytes``); the same prompt is one key."""
+    read = b"x" * 2048
+    assert whole_key(read, 9000) == whole_key(read, 9000)
+    assert whole_key(read, 9000) != whole_key(read, 9001)
+    assert whole_key(read, 9000) != whole_key(read[:-1], 9000)
 
 
 # Defined only when the extension is built, so the pure-Python run has nothing to skip.
@@ -102,8 +114,16 @@ if "cy" in PICKERS:
             assert [py.share(k) for k in universe] == [cy.share(k) for k in universe]
 
     def _scenario_request(
-        rng: np.random.Generator, shared: list[bytes], earlier: list[bytes] | None = None
+        rng: np.random.Generator,
+        shared: list[bytes],
+        earlier: list[bytes] | None = None,
+        repeats: list[bytes] | None = None,
     ) -> RouteRequest:
+        if repeats and rng.random() < 0.3:  # one of a few prompts sent again and again
+            prompt = repeats[int(rng.integers(0, len(repeats)))]
+            depth = int(rng.choice([-1, -1, 0, len(prompt)]))
+            key = int(rng.integers(0, 2**64, dtype=np.uint64)) if depth == 0 else 17
+            return RouteRequest(key, 0, len(prompt) // 4, prompt, 100, depth)
         head = shared[int(rng.integers(0, len(shared)))] if rng.random() < 0.7 else b""
         if earlier and rng.random() < 0.3:  # a follow-up: an earlier prompt, extended
             head = earlier[int(rng.integers(max(0, len(earlier) - 20), len(earlier)))]
@@ -118,10 +138,10 @@ if "cy" in PICKERS:
     def test_compiled_decisions_match_the_spec() -> None:
         """choose and on_routed agree exactly on random fleets, masks, loads, in-flight
         counts and requests (including ties at the least load, many and few, over-bound
-        homes, and follow-ups of requests sent elsewhere than their home, to engines not
-        in the table, or to no known engine)."""
+        homes, follow-ups of requests sent elsewhere than their home, to engines not in
+        the table, or to no known engine, and prompts repeated until they are hot)."""
         rng = np.random.default_rng(5)
-        followed = 0
+        followed = spread = 0
         for trial in range(12):
             n = int(rng.integers(1, 40))
             ids = [engine_id(f"p{trial}-{i}") for i in range(n)]
@@ -136,6 +156,7 @@ if "cy" in PICKERS:
                 _core.PrefixPickerC(*params, deep=deep, stall_weight=stall),
             )
             shared = [bytes(rng.integers(97, 123, size=1500, dtype=np.uint8)) for _ in range(4)]
+            repeats = [shared[0][: int(rng.integers(100, 1500))], shared[1] + shared[2]]
             earlier: list[bytes] = []
             reasons: set[str] = set()
             for step in range(300):
@@ -144,7 +165,7 @@ if "cy" in PICKERS:
                 loads = rng.integers(0, levels, size=n).astype(np.int64) * 100
                 if step % 7 == 0:
                     loads[int(rng.integers(0, n))] += 10**6
-                request = _scenario_request(rng, shared, earlier)
+                request = _scenario_request(rng, shared, earlier, repeats)
                 earlier.append(request.prefix)
                 k = int(rng.integers(1, 10))
                 counts = rng.integers(0, 40, size=n).astype(np.int64)
@@ -170,7 +191,9 @@ if "cy" in PICKERS:
             assert py.hot.requests == cy.hot.requests and len(py.hot) == len(cy.hot)
             assert py.seen.requests == cy.seen.requests and len(py.seen) == len(cy.seen)
             followed += "prefix-follow" in reasons
+            spread += "repeat-spread" in reasons
         assert followed >= 10  # the follow-ups exercised the last placement in most trials
+        assert spread >= 10  # and the repeats went hot and were spread in most
 
     def test_compiled_choose_wants_the_compiled_selector() -> None:
         sel = _core.SelectorPy([1, 2], [[1.0, 1.0]])

@@ -50,7 +50,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from fastroute.hashing import key_hash
+from fastroute.hashing import PROMPT_KEY_PREFIX_BYTES, key_hash
 from fastroute.proxy.path.requests import (
     ChatRequest,
     CompletionRequest,
@@ -75,10 +75,6 @@ __all__ = [
 
 #: Header carrying an explicit session id.
 DEFAULT_SESSION_HEADER = "x-session-id"
-#: Bytes of a completion prompt's text that form its key: 1 KiB ≈ 256 tokens ≈ 16
-#: vLLM KV blocks, long enough to tell prompts apart, short enough that prompts built
-#: on one template prefix share an engine (and its prefix cache).
-PROMPT_KEY_PREFIX_BYTES = 1024
 #: Token ids of a completion prompt that form its key (the same ~1 KiB).
 PROMPT_KEY_PREFIX_TOKENS = 256
 #: Bytes of UTF-8 text per token in :func:`estimate_prompt_tokens` (close to Llama-3's

@@ -76,7 +76,7 @@ def test_a_cold_worker_spreads_requests_that_share_a_root(system_bytes: int) -> 
         decision = policy.choose(request, view)
         policy.on_routed(request, decision.engine_ids[0])
         chosen.append(decision.chosen)
-        assert decision.scores[0] == (len(prompt) if depth > 0 else 4096.0)
+        assert decision.scores[0] == len(prompt)  # the routing key, else the whole prompt
     assert len(set(chosen)) >= 4 and max(chosen.count(i) for i in chosen) <= 8  # not 16
 
 
@@ -177,22 +177,23 @@ def test_deep_order_goes_to_the_deepest_home_and_no_state_is_kept() -> None:
     view = _view()
     prefix = _text(3, 5000)
     deep = PrefixHRW(order="deep").choose(_request(prefix), view)
-    assert deep.scores[0] == 4096.0
+    assert deep.scores[0] == 5000.0  # no routing key among the keys: the whole prompt
     a, b = PrefixHRW(), PrefixHRW()  # two workers: same decision with no shared state
     assert a.choose(_request(prefix), view) == b.choose(_request(prefix), view)
 
 
 def test_over_bound_home_spills_to_the_next_depth_then_to_the_least_loaded() -> None:
     view, policy = _view(4), PrefixHRW(balance_factor=1.0)
-    prefix = _text(11, 1100)  # depths 512 and 1024
-    keys = [h for _, h in depth_keys(prefix, 512)]
-    home0, home1 = (view.selector.pick(h, 0) for h in keys)
+    prefix = _text(11, 1100)  # depths 512 and 1024, then the whole prompt (1100)
+    keys = [h for _, h in policy.keys(_request(prefix))]
+    assert len(keys) == 3
+    homes = [view.selector.pick(h, 0) for h in keys]
     view.token_loads[:] = 10
-    view.token_loads[home0] = 100
+    view.token_loads[homes[0]] = 100
     decision = policy.choose(_request(prefix), view)
-    if home1 != home0:
-        assert (decision.chosen, decision.reason) == (home1, "prefix-spill")
-        view.token_loads[home1] = 100
+    if homes[1] != homes[0]:
+        assert (decision.chosen, decision.reason) == (homes[1], "prefix-spill")
+    view.token_loads[homes] = 100
     decision = policy.choose(_request(prefix), view)
     assert decision.reason == "bounded-spill"
     assert view.token_loads[decision.chosen] == 10
@@ -224,7 +225,9 @@ def test_a_hot_group_spreads_by_its_sub_groups_which_stay_whole() -> None:
         policy.on_routed(request, int(view.selector.engine_ids[decision.chosen]))
         if s >= 300:  # after the share estimate has seen the traffic
             engines.setdefault(conv, set()).add(decision.chosen)
-            assert decision.scores[0] == 4096.0  # the conversation's depth, not 512..2048
+            # the conversation's depth (or, once the conversation's whole prompt was sent
+            # elsewhere, that prompt where it went: rule 3), not 512..2048
+            assert decision.scores[0] >= 4096.0
     assert all(len(e) == 1 for e in engines.values())
     assert len(set().union(*engines.values())) >= 7
 
@@ -267,18 +270,18 @@ def test_the_other_proxies_queue_counts_like_the_own() -> None:
 
 def test_the_cost_spill_weighs_the_homes_extra_queue_against_the_cached_prefix() -> None:
     """The saving is the deepest depth of the request the seen table holds: after one
-    request, all four of its depths (4096 bytes, 1024 tokens), where the share table
-    observed only three (through the deciding key's next depth). The request stays home
-    while the home's extra queue is under that saving, and goes to the least-loaded
-    engine once it is over, whatever fraction of the prompt it is."""
+    request, all five of its keys (the deepest: the whole 4096-byte prompt, 1024 tokens),
+    where the share table observed only three (through the deciding key's next depth).
+    The request stays home while the home's extra queue is under that saving, and goes to
+    the least-loaded engine once it is over, whatever fraction of the prompt it is."""
     view = _queued_view()
     policy = _warmed(PrefixHRW(balance_factor=100.0), view)
-    prefix = _text(22, 4200)  # depths 512 .. 4096
+    prefix = _text(22, 4096)  # depths 512 .. 4096 and the whole prompt
     request = _request(prefix, tokens=1100)
     first = policy.choose(request, view)
     policy.on_routed(request, first.engine_ids[0])
     keys = [h for _, h in policy.keys(request)]
-    assert [policy.hot.share(h) > 0 for h in keys] == [True] * 3 + [False]
+    assert [policy.hot.share(h) > 0 for h in keys] == [True] * 3 + [False] * 2
     assert all(policy.seen.share(h) > 0 for h in keys)
     home = first.chosen
     least = (home + 1) % 4
@@ -295,12 +298,12 @@ def test_the_cost_spill_weighs_the_homes_extra_queue_against_the_cached_prefix()
 def _routed_once(
     policy: PrefixHRW, seed: int
 ) -> tuple[StaticFleetView, PrefixHRW, RouteRequest, int]:
-    """``policy`` warmed on a 4-engine queued view, after routing one 4200-byte request
+    """``policy`` warmed on a 4-engine queued view, after routing one 4096-byte request
     (seed ``seed``) to its home: its 4096-byte depth is seen, a 1024-token saving. Returns
     the view, the policy, the request and its home."""
     view = _queued_view()
     _warmed(policy, view)
-    request = _request(_text(seed, 4200), tokens=1100)
+    request = _request(_text(seed, 4096), tokens=1100)
     first = policy.choose(request, view)
     policy.on_routed(request, first.engine_ids[0])
     return view, policy, request, first.chosen
@@ -453,17 +456,18 @@ def test_the_decision_says_what_it_expects_cached_at_the_chosen_engine() -> None
     """``cached_tokens`` is the saving the rules counted at ``ranked[0]`` (the deepest
     depth of the request the seen table holds, at least the deciding key's, in tokens):
     128 before the prefix was ever routed (its 512-byte deciding key), 1024 once its
-    4096-byte depth was, and 0 after a cost spill (the target holds none of it). A queued
-    prefill counts the prompt less it, at the chosen engine only."""
+    4096-byte depth was, but at most the prompt less ``queued_floor_tokens`` (1100 - 128),
+    and 0 after a cost spill (the target holds none of it). A queued prefill counts the
+    prompt less it, at the chosen engine only."""
     view = _queued_view()
     policy = _warmed(PrefixHRW(balance_factor=100.0), view)
-    request = _request(_text(25, 4200), tokens=1100)
+    request = _request(_text(25, 4096), tokens=1100)
     first = policy.choose(request, view)
     assert (first.reason, first.cached_tokens) == ("prefix-home", 128)
     policy.on_routed(request, first.engine_ids[0])
     again = policy.choose(request, view)
-    assert (again.chosen, again.reason, again.cached_tokens) == (first.chosen, "prefix-home", 1024)
-    assert again.queued_prefill_tokens(again.chosen, 1100) == 76
+    assert (again.chosen, again.reason, again.cached_tokens) == (first.chosen, "prefix-home", 972)
+    assert again.queued_prefill_tokens(again.chosen, 1100) == 128
     assert again.queued_prefill_tokens(again.ranked[1], 1100) == 1100
     assert again.queued_prefill_tokens(again.chosen, 900) == 1  # never below one token
     view.queued_loads[:] = 0
@@ -498,3 +502,117 @@ def test_workers_sharing_a_key_log_decide_as_one_worker() -> None:
 def test_policies_without_history_ignore_the_key_log() -> None:
     log = private_key_log(16)
     assert make_policy("least-request").attach_key_log(log, 1, 0) is None
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_prompt_sent_by_everybody_spreads_over_the_fleet(chat: bool) -> None:
+    """One prompt repeated by every client (a load test, a fixed instruction): every key of
+    it is hot and none splits it, and its decodes are invisible to the token bound (nothing
+    is left to prefill). Once its whole prompt is hot it is ranked by a salted key
+    (``"repeat-spread"``), so the repeats cover the fleet by weight instead of one home;
+    as a completion prompt (no routing key) and as a chat (one conversation key)."""
+    view = _view(8)
+    policy = _warmed(PrefixHRW(hot_half_life_requests=100), view)
+    prompt = _text(40, 2000)
+    chosen, reasons = [], set()
+    for s in range(400):
+        request = RouteRequest(
+            key_hash=4242, row=0, prompt_tokens=500, prefix=prompt,
+            key_depth_bytes=len(prompt) if chat else -1,
+        )  # fmt: skip
+        decision = policy.choose(request, view)
+        policy.on_routed(request, decision.engine_ids[0])
+        if s >= 100:
+            chosen.append(decision.chosen)
+            reasons.add(decision.reason)
+            assert decision.cached_tokens == 500 - 128  # the whole prompt, seen, less the floor
+    assert reasons == {"repeat-spread"}
+    counts = [chosen.count(i) for i in range(8)]
+    assert min(counts) > 0 and max(counts) <= 2 * len(chosen) / 8, counts
+
+
+def test_a_hot_prefix_with_unique_tails_past_its_last_depth_spreads() -> None:
+    """Completion prompts that share a 2 kB system prompt and differ only after it, below
+    the next depth (2048 < length < 4096): every depth key is the system prompt's, hot.
+    The whole prompt is their deepest key, unique, so they spread as their sub-groups."""
+    view = _view(8)
+    policy = _warmed(PrefixHRW(hot_half_life_requests=100), view)
+    system = _text(41, 2048)
+    chosen = []
+    for s in range(300):
+        request = _request(system + _text(6000 + s, 900), tokens=740)
+        decision = policy.choose(request, view)
+        policy.on_routed(request, decision.engine_ids[0])
+        if s >= 100:
+            chosen.append(decision.chosen)
+            assert decision.scores[0] == 2948.0  # the whole prompt's depth
+    assert len(set(chosen)) == 8 and max(chosen.count(i) for i in chosen) <= 50  # mean 25
+
+
+def test_a_hot_session_whose_prompt_grows_is_not_spread() -> None:
+    """An agent session that is half of the traffic is hot at every key, but its prompt
+    grows each step, so its whole prompt is never hot: it is not spread (it keeps the
+    rules' engine, with its cache), and its whole keys are counted only while the rest are
+    hot."""
+    view = _view(4)
+    policy = _warmed(PrefixHRW(hot_half_life_requests=100), view)
+    base = _text(42, 9000)
+    engines, reasons = [], set()
+    for step in range(150):
+        prompt = base + _text(7000 + step // 10, 300 * (step + 1))[: 300 * (step + 1)]
+        request = RouteRequest(
+            key_hash=777, row=0, prompt_tokens=len(prompt) // 4, prefix=prompt,
+            key_depth_bytes=len(base),
+        )  # fmt: skip
+        decision = policy.choose(request, view)
+        policy.on_routed(request, decision.engine_ids[0])
+        engines.append(decision.chosen)
+        reasons.add(decision.reason)
+        other = _request(_text(8000 + step, 700), tokens=175)
+        policy.on_routed(other, policy.choose(other, view).engine_ids[0])
+    assert "repeat-spread" not in reasons
+    moves = sum(a != b for a, b in zip(engines[50:], engines[51:], strict=False))
+    assert moves <= 10, (moves, engines)
+
+
+def test_a_declared_session_repeating_one_prompt_keeps_its_home() -> None:
+    """A session id the client sent is never spread by a salt, even when it repeats one
+    prompt: once hot it is ranked by its deepest key (rule 1), one engine."""
+    view = _view(8)
+    policy = _warmed(PrefixHRW(hot_half_life_requests=100), view)
+    prompt = _text(43, 2000)
+    chosen, reasons = [], set()
+    for _ in range(300):
+        request = RouteRequest(key_hash=99, row=0, prompt_tokens=500, prefix=prompt,
+                               key_depth_bytes=0)  # fmt: skip
+        decision = policy.choose(request, view)
+        policy.on_routed(request, decision.engine_ids[0])
+        chosen.append(decision.chosen)
+        reasons.add(decision.reason)
+    assert "repeat-spread" not in reasons
+    assert len(set(chosen[100:])) == 1
+
+
+def test_a_queue_of_cached_requests_counts_the_floor_each() -> None:
+    """A request whose prompt is cached at its home still waits for a slot there: each
+    queued attempt counts ``queued_floor_tokens`` (128), so a home with a queue of them
+    gives up the next within a few (at one token each it took about as many requests as
+    the prompt has tokens); a prompt shorter than the floor counts whole."""
+    view = _queued_view()
+    policy = _warmed(PrefixHRW(), view)
+    request = _request(_text(50, 3600), tokens=900)
+    first = policy.choose(request, view)
+    policy.on_routed(request, first.engine_ids[0])
+    home, queued = first.chosen, 0
+    while queued < 40:
+        decision = policy.choose(request, view)
+        if decision.chosen != home:
+            break
+        assert decision.queued_prefill_tokens(home, 900) == 128
+        view.queued_loads[home] += 128
+        queued += 1
+    assert decision.chosen != home and 4 <= queued <= 16, queued
+    short = policy.choose(_request(_text(51, 600), tokens=100), view)
+    assert short.cached_tokens == 0 and short.queued_prefill_tokens(short.chosen, 100) == 100
+    with pytest.raises(PolicyConfigError, match="queued_floor_tokens"):
+        make_policy("prefix-hrw", queued_floor_tokens=0)

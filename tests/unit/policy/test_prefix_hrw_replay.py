@@ -34,6 +34,7 @@ REASONS = {
     "cost-spill",
     "no-prefix",
     "prefix-follow",
+    "repeat-spread",
 }
 PARAMS = [
     {},
@@ -60,9 +61,16 @@ def _text(rng: np.random.Generator, n_bytes: int) -> bytes:
 
 def _request(rng: np.random.Generator, system: bytes, conversations: list[bytes]) -> RouteRequest:
     """One request of a random shape."""
-    shape = rng.choice(["unique", "hot", "hot", "short", "session", "chat"])
+    shape = rng.choice(["unique", "hot", "hot", "short", "session", "chat", "repeat", "repeat"])
     key = int(rng.integers(0, 2**64, dtype=np.uint64))
     depth = -1
+    if shape == "repeat":  # one of two prompts sent again and again, as chat or completion
+        which = int(rng.integers(0, 2))
+        prefix = system + conversations[which][:400]
+        output = None if rng.random() < 0.3 else int(rng.integers(1, 400))
+        if rng.random() < 0.5:
+            key, depth = 5 + which, len(prefix)  # the conversation key of that prompt
+        return RouteRequest(key, 0, len(prefix) // 4, prefix, output, depth)
     if shape == "unique":
         prefix = _text(rng, int(rng.integers(300, 20000)))
     elif shape == "short":
