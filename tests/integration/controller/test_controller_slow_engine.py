@@ -37,6 +37,8 @@ CONCURRENCY = 8
 MAX_RECOVERY_WINDOWS = 20
 #: Windows before the fault, until engine 0's anomaly streak is clear.
 BASELINE_WINDOWS_MAX = 5
+#: Slow windows run at most until the level drops (3 if none is noisy).
+ENTRY_WINDOWS_MAX = 8
 
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 100.0) -> Any:
@@ -78,13 +80,15 @@ async def _burst(s: aiohttp.ClientSession, purl: str, n: int) -> None:
 def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flapping(
     shm_name: str, proxy_table: str
 ) -> None:
-    """Engine 0 slowed 3×: its level drops to .75 exactly at the 3rd slow window and its table
-    weight falls to .75 of its peers'; restored, it stays .75 for at least 5 windows and returns
-    to 1 (at the 6th healthy window, or later if noisy windows restart the streak: a window whose
-    TTFT falls between the exit and entry thresholds breaks it, and on a loaded 2-core machine
-    two such windows in 11 kept one clean-clone CI run from ever restoring), then stays at 1
-    for 3 more windows (no flapping); its peers are never touched. At most
-    ``MAX_RECOVERY_WINDOWS`` windows are run after the fault clears."""
+    """Engine 0 slowed 3×: its level drops to .75 at the 3rd slow window (later if a noisy
+    window restarts the streak, never sooner: one clean-clone CI run on a loaded machine saw
+    no drop in exactly 3) and its table weight falls to .75 of its peers'; restored, it stays
+    .75 for at least 5 windows and returns to 1 (at the 6th healthy window, or later if noisy
+    windows restart the streak: a window whose TTFT falls between the exit and entry
+    thresholds breaks it, and on a loaded 2-core machine two such windows in 11 kept one
+    clean-clone CI run from ever restoring), then stays at 1 for 3 more windows (no
+    flapping); its peers are never touched. At most ``ENTRY_WINDOWS_MAX`` slow windows run,
+    and ``MAX_RECOVERY_WINDOWS`` after the fault clears."""
 
     async def main() -> list[list[float]]:
         specs = fleet_specs(
@@ -127,8 +131,10 @@ def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flappin
                     assert health.bad_windows[0] == 0, "engine 0 anomalous before its fault"
                     levels = []
                     await fleet[0].set_faults(slowdown=3.0)
-                    for _ in range(3):
+                    for _ in range(ENTRY_WINDOWS_MAX):
                         levels.append(await window())
+                        if levels[-1][0] < 1.0:
+                            break
                     assert svc.plan is not None
                     w = svc.plan.weights[svc.model.classes.index(_east_default(svc))]
                     assert w[0] < w[1] and w[0] / w[1] == pytest.approx(0.75)
@@ -144,8 +150,10 @@ def test_slowed_engine_is_derated_in_3_windows_and_restored_in_6_without_flappin
 
     levels = run(main())
     e0 = [h[0] for h in levels]
-    assert e0[:3] == [1.0, 1.0, 0.75], e0  # 3 anomalous windows to enter, not fewer
-    recovered = e0[3:]
+    # 3 anomalous windows to enter, never fewer (a noisy slow window restarts the streak)
+    entered = e0.index(0.75) + 1
+    assert entered >= 3 and e0[:entered] == [1.0] * (entered - 1) + [0.75], e0
+    recovered = e0[entered:]
     assert 1.0 in recovered, e0
     back = recovered.index(1.0)
     # ≥ 6 healthy windows to exit (never fewer); noisy windows may restart the streak
