@@ -409,9 +409,17 @@ cdef class KeyLog:
         return stop, entries
 
 
-cdef inline uint64_t _whole_key(const char* data, Py_ssize_t length,
-                                uint64_t prompt_tokens) except? 0:
-    # The spec's whole_key: xxh3_64 of the bytes read, mixed with the prompt's tokens.
+cdef inline uint64_t _whole_key(const RequestKeys* keys, Py_ssize_t n_keys,
+                                Py_ssize_t block_bytes, int64_t key_depth, const char* data,
+                                Py_ssize_t length, uint64_t prompt_tokens) except? 0:
+    # The spec's PrefixPicker._whole_key: xxh3_64 of the bytes read, mixed with the prompt's
+    # tokens, reusing the deepest depth key's hash (among keys[:n_keys], the routing key
+    # left out) when that depth is all of the bytes read.
+    cdef Py_ssize_t j = n_keys - 1
+    while j >= 0 and (keys.depths[j] < block_bytes or keys.depths[j] == key_depth):
+        j -= 1
+    if j >= 0 and keys.depths[j] == length:
+        return keys.hashes[j] ^ mix64(prompt_tokens)
     return (<uint64_t>_xxh3(PyMemoryView_FromMemory(<char*>data, length, PyBUF_READ))
             ^ mix64(prompt_tokens))
 
@@ -525,9 +533,8 @@ cdef class PrefixPicker:
         else:
             # no conversation key: the whole prompt is the deepest group (the spec)
             out.depths[n] = length
-            out.hashes[n] = (out.hashes[n - 1] ^ mix64(prompt_tokens)
-                             if out.depths[n - 1] == length
-                             else _whole_key(data, length, prompt_tokens))
+            out.hashes[n] = _whole_key(out, n, self.block_bytes, key_depth, data, length,
+                                       prompt_tokens)
             n += 1
         out.n_keys = n
         out.n_observe = _all_keys
@@ -703,17 +710,14 @@ cdef class PrefixPicker:
         prefix = request.prefix
         if not isinstance(prefix, bytes):
             prefix = bytes(prefix)
-        cdef Py_ssize_t length = min(PyBytes_GET_SIZE(prefix), self.prefix_bytes), j
+        cdef Py_ssize_t length = min(PyBytes_GET_SIZE(prefix), self.prefix_bytes)
         cdef int64_t key_depth = request.key_depth_bytes
-        cdef uint64_t whole, tokens = request.prompt_tokens
+        cdef uint64_t whole
         if key_depth < 0 and length >= self.block_bytes:
             whole = keys.hashes[keys.n_keys - 1]  # already their last (_fill_keys)
         else:
-            j = keys.n_keys - 1  # the deepest depth key, if it is the whole prompt
-            while j >= 0 and (keys.depths[j] < self.block_bytes or keys.depths[j] == key_depth):
-                j -= 1
-            whole = (keys.hashes[j] ^ mix64(tokens) if j >= 0 and keys.depths[j] == length
-                     else _whole_key(PyBytes_AS_STRING(prefix), length, tokens))
+            whole = _whole_key(keys, keys.n_keys, self.block_bytes, key_depth,
+                               PyBytes_AS_STRING(prefix), length, request.prompt_tokens)
             keys.depths[keys.n_keys] = length
             keys.hashes[keys.n_keys] = whole
             keys.n_keys += 1

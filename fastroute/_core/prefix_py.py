@@ -273,15 +273,18 @@ class PrefixPicker:
                 at += 1
             keys.insert(at, (key_depth_bytes, key_hash))
         elif keys:
-            keys.append((len(read), self._whole_key(read, prompt_tokens, keys)))
+            keys.append((len(read), self._whole_key(read, prompt_tokens, keys, key_depth_bytes)))
         return keys or [(0, key_hash)]
 
-    @staticmethod
-    def _whole_key(read: bytes, prompt_tokens: int, keys: list[tuple[int, int]]) -> int:
-        """:func:`whole_key`, reusing the deepest depth key's hash when that depth is the
-        whole of ``read`` (a prompt of a power-of-two blocks, or one cut at prefix_bytes)."""
-        if keys and keys[-1][0] == len(read):
-            return keys[-1][1] ^ mix64(prompt_tokens)
+    def _whole_key(
+        self, read: bytes, prompt_tokens: int, keys: list[tuple[int, int]], key_depth_bytes: int
+    ) -> int:
+        """:func:`whole_key`, reusing the deepest depth key's hash (the routing key at
+        ``key_depth_bytes`` left out) when that depth is the whole of ``read`` (a prompt of
+        a power of two blocks, or one cut at ``prefix_bytes``)."""
+        depths = [kd for kd in keys if kd[0] >= self.block_bytes and kd[0] != key_depth_bytes]
+        if depths and depths[-1][0] == len(read):
+            return depths[-1][1] ^ mix64(prompt_tokens)
         return whole_key(read, prompt_tokens)
 
     def choose(
@@ -547,10 +550,7 @@ class PrefixPicker:
         if request.key_depth_bytes < 0 and len(read) >= self.block_bytes:
             whole = keys[-1][1]  # already their last (keys)
         else:
-            depths = [
-                kd for kd in keys if kd[0] >= self.block_bytes and kd[0] != request.key_depth_bytes
-            ]
-            whole = self._whole_key(read, request.prompt_tokens, depths)
+            whole = self._whole_key(read, request.prompt_tokens, keys, request.key_depth_bytes)
             keys.append((len(read), whole))
         enter = self.hot_share_factor / n_eligible
         if not self.hot.is_hot(whole, enter, enter * HOT_LEAVE_RATIO):
