@@ -778,9 +778,10 @@ class ProxyConfig(_Section):
     key_log_entries : int
         Entries of the host's key log (``{stats_name}.keys``, 536 bytes each; 0 or a power
         of two from 16 to 1,048,576; default 4096, about 2.2 MB): the prefix keys each
-        worker routes and the engine each request went to, read by the others, so that
-        every worker's ``prefix-hrw`` tables (hot groups, seen prefixes and where they
-        went) count the host's traffic, not a ``1/workers`` sample of
+        worker routes, its whole prompt key and the engine each request went to, read by
+        the others, so that every worker's ``prefix-hrw`` tables (hot groups, seen prefixes
+        and where they went, repeated prompts) count the host's traffic, not a
+        ``1/workers`` sample of
         it (:mod:`fastroute.tables.key_log`). A worker more than this many of the host's
         requests behind skips the oldest, and a worker that starts or reloads replays
         that many; 4096 is four of the tables' 1024-request half-lives, beyond which an

@@ -18,8 +18,8 @@ workers, :mod:`fastroute.tables.key_log`, or a ``bytearray`` in the simulator):
 - ``capacity`` entries of :data:`ENTRY_WORDS` words: ``seq`` (the entry's position + 1
   once published, 0 while it is written), ``meta`` (writer id in bits 0-31, channel in
   32-39, key count in 40-47, count the share table observes in 48-55, bit 56
-  :data:`IMPORTED`), ``engine`` (the id of the engine the request was routed to, 0 if
-  not known; layout version 2), then up to
+  :data:`IMPORTED`, bit 57 :data:`WHOLE`: layout version 3), ``engine`` (the id of the
+  engine the request was routed to, 0 if not known; layout version 2), then up to
   :data:`~fastroute._core.prefix_py.MAX_DEPTH_KEYS` key hashes.
 
 Publish: ``position = head++`` (atomic); ``seq = 0``; fence; meta and keys;
@@ -31,7 +31,8 @@ skipped (``lost``: no reader ever waits on a writer, so a writer killed mid-entr
 nobody). A valid entry of another writer on the reader's channel is observed: its first
 ``n_observe`` keys into the share table, all of them into the seen table with its engine
 (each key's last placement), one request each, as ``PrefixPicker.on_routed`` does for the
-worker's own requests. A new reader
+worker's own requests; an entry marked :data:`WHOLE` carries the request's whole prompt key
+last, which goes into the whole prompts' share table alone (repeats spread). A new reader
 starts ``capacity`` entries back (or at 0): a worker that starts or reloads warms its
 tables with the host's recent requests instead of deciding cold.
 
@@ -42,7 +43,8 @@ Across proxies (``fastroute.policy.key_exchange``): :meth:`KeyLog.export` reads 
 host's own entries from a position on, and the proxy polling a peer appends what it
 read into its own host's log with :meth:`KeyLog.publish_imported`, which marks them
 :data:`IMPORTED`. Imported entries are observed like any other but never exported
-again, so with any number of proxies each entry reaches every other host once.
+again, so with any number of proxies each entry reaches every other host once. An
+entry is exported without its whole key: the whole prompts' shares are the host's.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ __all__ = [
     "KEY_LOG_MAGIC",
     "KEY_LOG_VERSION",
     "MAX_CHANNEL",
+    "WHOLE",
     "KeyLog",
     "init_key_log",
     "key_log_size",
@@ -66,7 +69,7 @@ __all__ = [
 
 #: First word of a valid log ("FRKEYLOG").
 KEY_LOG_MAGIC = int.from_bytes(b"FRKEYLOG", "little")
-KEY_LOG_VERSION = 2
+KEY_LOG_VERSION = 3
 #: Header words (magic, version, capacity, entry words, head, three reserved).
 HEADER_WORDS = 8
 #: Words per entry: seq, meta, engine and the keys of one request.
@@ -75,6 +78,9 @@ ENTRY_WORDS = 3 + MAX_DEPTH_KEYS
 MAX_CHANNEL = 255
 #: Meta bit of an entry another proxy's log held first (not exported again).
 IMPORTED = 1 << 56
+#: Meta bit of an entry whose last key is the request's whole prompt key, observed into
+#: the whole prompts' share table only (``PrefixPicker.wholes``).
+WHOLE = 1 << 57
 _CAPACITY_AT, _ENTRY_WORDS_AT, _HEAD_AT = 16, 24, 32
 _MASK32 = 0xFFFFFFFF
 
@@ -162,11 +168,17 @@ class KeyLog:
     def _entry_at(self, position: int) -> int:
         return 8 * (HEADER_WORDS + (position & (self.capacity - 1)) * ENTRY_WORDS)
 
-    def publish(self, keys: list[int], n_observe: int, engine_id: int = 0) -> None:
+    def publish(
+        self, keys: list[int], n_observe: int, engine_id: int = 0, whole: int | None = None
+    ) -> None:
         """Append one routed request's ``keys`` (at most ``MAX_DEPTH_KEYS``), of which the
-        first ``n_observe`` count in the share table, and the engine it was routed to
-        (0: not known)."""
-        self._append(keys, n_observe, self.channel, 0, engine_id)
+        first ``n_observe`` count in the share table, the engine it was routed to (0: not
+        known) and its whole prompt key (None: none; dropped when ``keys`` fill the
+        entry)."""
+        if whole is None or len(keys) >= MAX_DEPTH_KEYS:
+            self._append(keys, n_observe, self.channel, 0, engine_id)
+        else:
+            self._append([*keys, whole], min(n_observe, len(keys)), self.channel, WHOLE, engine_id)
 
     def publish_imported(
         self, keys: list[int], n_observe: int, channel: int, engine_id: int = 0
@@ -214,9 +226,10 @@ class KeyLog:
             return None
         return meta, engine_id, keys
 
-    def drain(self, hot: HotKeys, seen: HotKeys) -> int:
+    def drain(self, hot: HotKeys, seen: HotKeys, wholes: HotKeys | None = None) -> int:
         """Observe the other writers' entries of this channel published since the last
-        drain into ``hot`` and ``seen``; return how many were observed."""
+        drain into ``hot`` and ``seen``, and their whole prompt keys into ``wholes`` (None:
+        not counted); return how many were observed."""
         head = self._atomic.load_i64(_HEAD_AT)
         position, observed = self._next, 0
         if head - position > self.capacity:
@@ -227,6 +240,10 @@ class KeyLog:
             if entry is not None:
                 meta, engine_id, keys = entry
                 if meta & _MASK32 != self.writer_id and (meta >> 32) & 0xFF == self.channel:
+                    if wholes is not None:  # every request counts, with its whole key if any
+                        wholes.observe(keys[-1:] if meta & WHOLE else (), 1.0)
+                    if meta & WHOLE:
+                        keys = keys[:-1]
                     hot.observe(keys[: (meta >> 48) & 0xFF], 1.0)
                     seen.observe(keys, 1.0, engine_id)
                     observed += 1
@@ -256,6 +273,8 @@ class KeyLog:
             entry = self._read(position)
             if entry is not None and not entry[0] & IMPORTED:
                 meta, engine_id, keys = entry
+                if meta & WHOLE:
+                    keys = keys[:-1]
                 entries.append(((meta >> 32) & 0xFF, (meta >> 48) & 0xFF, keys, engine_id))
             position += 1
         return stop, entries

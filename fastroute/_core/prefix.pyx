@@ -5,7 +5,7 @@ cimport cython
 from cpython.buffer cimport PyBUF_READ
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.memoryview cimport PyMemoryView_FromMemory
-from libc.math cimport pow
+from libc.math cimport ceil, pow
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, qsort
 from libc.string cimport memcpy
@@ -18,6 +18,7 @@ cdef extern from "atomics.h" nogil:
     int64_t fr_add_fetch_i64(void *p, int64_t delta)
     void fr_fence()
 from fastroute._core.selector cimport Selector, TreeState, _as_loads, _as_mask
+from fastroute._core.selector_tree import WALK_CAP
 from fastroute._core.shm cimport AtomicBuffer
 
 import xxhash
@@ -29,12 +30,14 @@ from fastroute._core.keylog_py import (
     KEY_LOG_MAGIC,
     KEY_LOG_VERSION,
     MAX_CHANNEL,
+    WHOLE,
 )
 from fastroute._core.prefix_py import (
     DEFAULT_MAX_KEYS,
     HOT_LEAVE_RATIO,
     MAX_CANDIDATES,
     MAX_DEPTH_KEYS,
+    REPEAT_HALF_LIFE_PER_ENGINE,
     depth_keys,
 )
 
@@ -45,9 +48,10 @@ cdef enum:
     _CANDIDATES_CAP = 3     # MAX_CANDIDATES + the deepest key
     _SMALL_K = 8            # rankings up to this length need no allocation
     _INITIAL_SLOTS = 256    # the share table starts here and doubles
+    _WALK_CAP = 64          # == selector_tree.WALK_CAP (checked at import)
 
 if (MAX_DEPTH_KEYS != _KEYS_CAP or MAX_CANDIDATES + 1 != _CANDIDATES_CAP
-        or ENTRY_WORDS != 3 + _KEYS_CAP):
+        or ENTRY_WORDS != 3 + _KEYS_CAP or WALK_CAP != _WALK_CAP):
     raise ImportError("fastroute._core.prefix was built against other prefix_py limits")
 
 cdef object _xxh3 = xxhash.xxh3_64_intdigest
@@ -55,6 +59,7 @@ cdef double _leave_ratio = HOT_LEAVE_RATIO
 cdef Py_ssize_t _max_candidates = MAX_CANDIDATES
 cdef Py_ssize_t _all_keys = 1 << 30
 cdef uint64_t _imported = IMPORTED
+cdef uint64_t _whole_flag = WHOLE
 
 
 cdef struct Slot:
@@ -216,6 +221,12 @@ cdef class HotKeys:
         finally:
             free(buf)
 
+    def set_half_life(self, double half_life_requests):
+        """Decay by ``half_life_requests`` (> 0) from now on (see the spec)."""
+        if not half_life_requests > 0:
+            raise ValueError(f"half_life_requests must be > 0, got {half_life_requests}")
+        self._decay = 0.5 ** (1.0 / half_life_requests)
+
     def share(self, uint64_t key):
         """The key's decayed share of the observed weight, in [0, 1]; 0 if unseen."""
         return self._share(key)
@@ -302,8 +313,16 @@ cdef class KeyLog:
         return self._words + _HEADER_WORDS + (position & (self.capacity - 1)) * _ENTRY_WORDS
 
     cdef int _publish(self, const uint64_t* keys, Py_ssize_t n_keys,
-                      Py_ssize_t n_observe, uint64_t engine) except -1:
-        return self._append(keys, n_keys, n_observe, self.channel, 0, engine)
+                      Py_ssize_t n_observe, uint64_t engine, bint has_whole=False,
+                      uint64_t whole=0) except -1:
+        # With a whole prompt key (room left): appended last, the entry marked WHOLE.
+        cdef uint64_t buf[_KEYS_CAP]
+        if not has_whole or n_keys >= _KEYS_CAP:
+            return self._append(keys, n_keys, n_observe, self.channel, 0, engine)
+        memcpy(buf, keys, n_keys * sizeof(uint64_t))
+        buf[n_keys] = whole
+        return self._append(buf, n_keys + 1, min(n_observe, n_keys), self.channel,
+                            _whole_flag, engine)
 
     cdef int _append(self, const uint64_t* keys, Py_ssize_t n_keys, Py_ssize_t n_observe,
                      uint64_t channel, uint64_t flags, uint64_t engine) except -1:
@@ -343,7 +362,7 @@ cdef class KeyLog:
             return False
         return True
 
-    cdef Py_ssize_t _drain(self, HotKeys hot, HotKeys seen) except -1:
+    cdef Py_ssize_t _drain(self, HotKeys hot, HotKeys seen, HotKeys wholes) except -1:
         if self._words == NULL:
             raise ValueError("KeyLog has been released")
         cdef int64_t head = <int64_t>fr_load_acquire_u64(&self._words[_HEAD_WORD])
@@ -358,7 +377,13 @@ cdef class KeyLog:
             if (self._read(position, &meta, &engine, keys, &n_keys)
                     and (meta & _mask32) != self.writer_id
                     and ((meta >> 32) & 0xFF) == self.channel):
-                hot._observe(keys, <Py_ssize_t>((meta >> 48) & 0xFF), 1.0, 0)
+                if meta & _whole_flag and n_keys > 0:
+                    n_keys -= 1  # the whole prompt key, for wholes alone
+                    if wholes is not None:
+                        wholes._observe(&keys[n_keys], 1, 1.0, 0)
+                elif wholes is not None:
+                    wholes._observe(keys, 0, 1.0, 0)  # every request counts
+                hot._observe(keys, min(<Py_ssize_t>((meta >> 48) & 0xFF), n_keys), 1.0, 0)
                 seen._observe(keys, n_keys, 1.0, engine)
                 observed += 1
             position += 1
@@ -366,13 +391,17 @@ cdef class KeyLog:
         self.observed += observed
         return observed
 
-    def publish(self, keys, Py_ssize_t n_observe, uint64_t engine_id=0):
-        """Append one routed request's ``keys`` and engine (see the spec)."""
+    def publish(self, keys, Py_ssize_t n_observe, uint64_t engine_id=0, whole=None):
+        """Append one routed request's ``keys``, engine and whole prompt key (see the
+        spec)."""
         cdef uint64_t buf[_KEYS_CAP]
         cdef Py_ssize_t j, n = min(len(keys), <Py_ssize_t>_KEYS_CAP)
         for j in range(n):
             buf[j] = keys[j]
-        self._publish(buf, n, n_observe, engine_id)
+        if whole is None or len(keys) >= _KEYS_CAP:
+            self._publish(buf, n, n_observe, engine_id)
+        else:
+            self._publish(buf, n, n_observe, engine_id, True, <uint64_t>whole)
 
     def publish_imported(self, keys, Py_ssize_t n_observe, int channel, uint64_t engine_id=0):
         """Append an entry another proxy's log exported, marked imported (see the spec)."""
@@ -384,9 +413,9 @@ cdef class KeyLog:
             buf[j] = keys[j]
         self._append(buf, n, n_observe, <uint64_t>channel, _imported, engine_id)
 
-    def drain(self, HotKeys hot, HotKeys seen):
+    def drain(self, HotKeys hot, HotKeys seen, HotKeys wholes=None):
         """Observe the other writers' new entries of this channel (see the spec)."""
-        return self._drain(hot, seen)
+        return self._drain(hot, seen, wholes)
 
     def export(self, int64_t since, int64_t max_entries):
         """The host's own entries from ``since``: (next position, [(channel, n_observe,
@@ -403,6 +432,8 @@ cdef class KeyLog:
         entries = []
         while position < stop:
             if self._read(position, &meta, &engine, keys, &n_keys) and not meta & _imported:
+                if meta & _whole_flag and n_keys > 0:
+                    n_keys -= 1  # the whole prompt keys stay on their host
                 entries.append((<int>((meta >> 32) & 0xFF), <int>((meta >> 48) & 0xFF),
                                 [keys[j] for j in range(n_keys)], engine))
             position += 1
@@ -448,6 +479,8 @@ cdef struct RequestKeys:
     Py_ssize_t n_keys
     Py_ssize_t n_observe
     Py_ssize_t route_at             # index of the routing key, -1 if not among them
+    uint64_t whole                  # the whole prompt key, when has_whole
+    bint has_whole                  # whether on_routed counts it (a decided request's)
 
 
 @cython.final
@@ -466,6 +499,8 @@ cdef class PrefixPicker:
     cdef readonly double bytes_per_token
     cdef readonly HotKeys hot
     cdef readonly HotKeys seen      # every depth of every routed request (the saving)
+    cdef readonly HotKeys wholes    # whole prompts' shares (repeats spread)
+    cdef Py_ssize_t _wholes_engines # the most eligible engines a decision saw
     cdef RequestKeys _last          # keys of the last decided request
     cdef uint64_t _repeats          # decisions that spread a hot repeated prompt
     cdef object _last_request       # held, so that its identity cannot be reused
@@ -488,6 +523,8 @@ cdef class PrefixPicker:
         self.bytes_per_token = bytes_per_token
         self.hot = HotKeys(hot_half_life_requests, max_keys)
         self.seen = HotKeys(hot_half_life_requests, max_keys)
+        self.wholes = HotKeys(REPEAT_HALF_LIFE_PER_ENGINE, max_keys)
+        self._wholes_engines = 1
         self._last_request = None
         self._repeats = 0
         self.log = None
@@ -497,7 +534,7 @@ cdef class PrefixPicker:
         spec); replays its recent entries now."""
         self.log = log
         if log is not None:
-            log._drain(self.hot, self.seen)
+            log._drain(self.hot, self.seen, self.wholes)
 
     cdef int _fill_keys(self, object prefix, uint64_t key_hash, int64_t key_depth,
                         uint64_t prompt_tokens, RequestKeys* out) except -1:
@@ -513,6 +550,7 @@ cdef class PrefixPicker:
             n += 1
             depth *= 2
         out.route_at = -1
+        out.has_whole = False
         if n == 0:
             out.depths[0] = 0
             out.hashes[0] = key_hash
@@ -608,7 +646,7 @@ cdef class PrefixPicker:
         cdef Py_ssize_t row = request.row
         selector._check_row(row)
         if self.log is not None:
-            self.log._drain(self.hot, self.seen)
+            self.log._drain(self.hot, self.seen, self.wholes)
         cdef RequestKeys* keys = &self._last
         self._last_request = None  # until the keys below are complete
         self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes,
@@ -626,15 +664,20 @@ cdef class PrefixPicker:
         cdef uint64_t candidate_keys[_CANDIDATES_CAP]
         cdef int64_t candidate_depths[_CANDIDATES_CAP]
         cdef bint every_hot, repeat = False
+        cdef Py_ssize_t length, turn = -2
         cdef Py_ssize_t n_chosen = self._candidates(keys, tree.m, chosen, &every_hot)
         for i in range(n_chosen):
             candidate_keys[i] = keys.hashes[chosen[i]]
             candidate_depths[i] = keys.depths[chosen[i]]
-        if every_hot and request.key_depth_bytes != 0:  # a declared session keeps its home
-            repeat = self._repeat(request, keys, tree.m, candidate_keys, candidate_depths)
-            keys.n_observe = keys.n_keys
+        if request.key_depth_bytes != 0:  # a declared session keeps its home
+            length = self._request_whole_key(request, keys, every_hot)
+            if every_hot:
+                keys.n_observe = keys.n_keys
+            turn = self._repeat(keys.whole, length, tree.m, candidate_keys, candidate_depths)
+            repeat = turn > -2
             if repeat:
                 n_chosen = 1
+                keys.n_observe = keys.n_keys
         self._last_request = request
         if k > tree.m:
             k = tree.m
@@ -667,6 +710,8 @@ cdef class PrefixPicker:
                                                      &used, slack + stall)
             if m == 0:
                 return [], "", -1, 0
+            if turn >= 0:
+                m = self._replica(selector, tree, keys.whole, turn, out_idx, m, k, row, load)
             bounded = used >= n_chosen
             if bounded:
                 reason, depth, saving = "bounded-spill", -1, 0.0
@@ -703,31 +748,66 @@ cdef class PrefixPicker:
             if k > _SMALL_K:
                 free(out_idx)
 
-    cdef bint _repeat(self, object request, RequestKeys* keys, Py_ssize_t n_eligible,
-                      uint64_t* candidate_keys, int64_t* candidate_depths) except -1:
-        # The spec's _repeat: every key is hot; the whole key is appended when it is not
-        # the last, and when it is hot the first candidate becomes it salted (True).
+    cdef Py_ssize_t _request_whole_key(self, object request, RequestKeys* keys,
+                                       bint every_hot) except -1:
+        # The spec's _request_whole_key: keys.whole set (a completion's last key, else
+        # computed, and appended when every key is hot); returns the bytes read.
         prefix = request.prefix
         if not isinstance(prefix, bytes):
             prefix = bytes(prefix)
         cdef Py_ssize_t length = min(PyBytes_GET_SIZE(prefix), self.prefix_bytes)
         cdef int64_t key_depth = request.key_depth_bytes
-        cdef uint64_t whole
+        keys.has_whole = True
         if key_depth < 0 and length >= self.block_bytes:
-            whole = keys.hashes[keys.n_keys - 1]  # already their last (_fill_keys)
-        else:
-            whole = _whole_key(keys, keys.n_keys, self.block_bytes, key_depth,
-                               PyBytes_AS_STRING(prefix), length, request.prompt_tokens)
+            keys.whole = keys.hashes[keys.n_keys - 1]  # already their last (_fill_keys)
+            return length
+        keys.whole = _whole_key(keys, keys.n_keys, self.block_bytes, key_depth,
+                                PyBytes_AS_STRING(prefix), length, request.prompt_tokens)
+        if every_hot:
             keys.depths[keys.n_keys] = length
-            keys.hashes[keys.n_keys] = whole
+            keys.hashes[keys.n_keys] = keys.whole
             keys.n_keys += 1
+        return length
+
+    cdef Py_ssize_t _repeat(self, uint64_t whole, Py_ssize_t length, Py_ssize_t n_eligible,
+                            uint64_t* candidate_keys, int64_t* candidate_depths) except -3:
+        # The spec's _repeat: -2 when the whole prompt is not hot in wholes; else the first
+        # candidate becomes the whole key and its turn among the replicas is returned, or,
+        # past WALK_CAP replicas, the key salted with the turn and -1.
+        if n_eligible < 2 or self._cold(n_eligible):
+            return -2
+        if n_eligible > self._wholes_engines:
+            self._wholes_engines = n_eligible
+            self.wholes.set_half_life(REPEAT_HALF_LIFE_PER_ENGINE * n_eligible)
         cdef double enter = self.hot_share_factor / <double>n_eligible
-        if not self.hot._is_hot(whole, enter, enter * _leave_ratio):
-            return False
+        if not self.wholes._is_hot(whole, enter, enter * _leave_ratio):
+            return -2
         self._repeats += 1
-        candidate_keys[0] = whole ^ mix64(self._repeats)
+        cdef Py_ssize_t replicas = max(1, min(n_eligible,
+                                              <Py_ssize_t>ceil(self.wholes._share(whole) / enter)))
+        cdef Py_ssize_t turn = <Py_ssize_t>(self._repeats % <uint64_t>replicas)
         candidate_depths[0] = length
-        return True
+        if replicas > _WALK_CAP:
+            candidate_keys[0] = whole ^ mix64(1 + turn)
+            return -1
+        candidate_keys[0] = whole
+        return turn
+
+    cdef Py_ssize_t _replica(self, Selector selector, TreeState tree, uint64_t whole,
+                             Py_ssize_t turn, Py_ssize_t* ranked, Py_ssize_t m, Py_ssize_t k,
+                             Py_ssize_t row, const int64_t[:] load) except -1:
+        # The spec's _replica: ranked[:m] led by position turn of the whole key's ranking
+        # when that engine is within bound; returns the new length.
+        cdef Py_ssize_t walked[_WALK_CAP]
+        cdef Py_ssize_t n = selector._tree_rank_c(tree, whole, row, turn + 1, walked, load,
+                                                  0.0, 0.0, 0, -1, False)
+        if n <= turn:
+            return m
+        cdef Py_ssize_t target = walked[turn]
+        if target == ranked[0] or not selector._tree_within_bound(tree, target, row, load,
+                                                                   self.balance_factor, 0):
+            return m
+        return _move_to_front(ranked, m, k, target)
 
     cdef Py_ssize_t _last_placement(self, Selector selector, TreeState tree,
                                     const RequestKeys* keys, int64_t group_depth,
@@ -804,12 +884,18 @@ cdef class PrefixPicker:
         cdef Py_ssize_t n_observe = min(keys.n_keys, keys.n_observe)
         self.hot._observe(keys.hashes, n_observe, 1.0, 0)
         self.seen._observe(keys.hashes, keys.n_keys, 1.0, engine_id)
+        # every request counts in wholes, with its whole key when it has one
+        self.wholes._observe(&keys.whole, 1 if keys.has_whole else 0, 1.0, 0)
         if self.log is not None:
-            self.log._publish(keys.hashes, keys.n_keys, n_observe, engine_id)
+            self.log._publish(keys.hashes, keys.n_keys, n_observe, engine_id, keys.has_whole,
+                              keys.whole)
 
     def reset(self):
         """Forget every observation."""
         self.hot.reset()
         self.seen.reset()
+        self.wholes.reset()
+        self.wholes.set_half_life(REPEAT_HALF_LIFE_PER_ENGINE)
+        self._wholes_engines = 1
         self._last_request = None
         self._repeats = 0

@@ -22,6 +22,7 @@ seen (keys seen at the same tick go together).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 import xxhash
 
 from fastroute._core.selector_py import mix64
+from fastroute._core.selector_tree import WALK_CAP
 
 __all__ = [
     "DEFAULT_MAX_KEYS",
@@ -36,6 +38,7 @@ __all__ = [
     "MAX_CANDIDATES",
     "MAX_DEPTH_KEYS",
     "MIN_BLOCK_BYTES",
+    "REPEAT_HALF_LIFE_PER_ENGINE",
     "HotKeys",
     "PrefixPicker",
     "depth_keys",
@@ -53,6 +56,15 @@ HOT_LEAVE_RATIO = 0.5
 #: bounded fallback uses). More candidates cost one O(n) ranking each and rarely change
 #: the pick.
 MAX_CANDIDATES = 2
+
+#: Half-life of the whole prompts' share table, in this worker's requests per eligible
+#: engine. A whole prompt's share is compared with the threshold ``h / n`` alone: it needs
+#: no memory longer than its noise (a session's prompt grows, so its whole key never
+#: repeats; the depth keys' long half-life is what keeps a busy session from being taken
+#: for a hot group). At ``16 n`` requests a decayed count holds about ``2.9 · 16 n``
+#: samples' worth, ``h / n`` of them at the threshold: 23 at ``h = 0.5``, whatever
+#: ``n``, a relative error of about 20 %, which the hysteresis (leave at half) absorbs.
+REPEAT_HALF_LIFE_PER_ENGINE = 16
 
 #: Smallest ``block_bytes`` accepted: below it a depth key is mostly chat-template bytes.
 MIN_BLOCK_BYTES = 64
@@ -143,6 +155,13 @@ class HotKeys:
                 entry[3] = engine_id
         if len(counts) > self._max_keys:
             self._prune()
+
+    def set_half_life(self, half_life_requests: float) -> None:
+        """Decay by ``half_life_requests`` (> 0) from now on; the weights held keep their
+        values as of their stamps."""
+        if not half_life_requests > 0:
+            raise ValueError(f"half_life_requests must be > 0, got {half_life_requests}")
+        self._decay = 0.5 ** (1.0 / float(half_life_requests))
 
     def share(self, key: int) -> float:
         """The key's decayed share of the observed weight, in [0, 1]; 0 if unseen."""
@@ -236,8 +255,14 @@ class PrefixPicker:
         # table observes a request's depths only through its deciding key's next, so it
         # read a 3 k-token document's cached prefix as 512 tokens.
         self.seen = HotKeys(hot_half_life_requests, max_keys)
-        # The last decided request, its key hashes and how many of them on_routed observes.
-        self._last: tuple[Any, list[int], int] = (None, [], _ALL)
+        # Whole prompts' shares (repeats spread): the host's, through the key log (not the
+        # other proxies'); its half-life follows the most eligible engines a decision saw
+        # (REPEAT_HALF_LIFE_PER_ENGINE).
+        self.wholes = HotKeys(REPEAT_HALF_LIFE_PER_ENGINE, max_keys)
+        self._wholes_engines = 1
+        # The last decided request, its key hashes, how many of them on_routed observes
+        # and its whole key (None: not counted).
+        self._last: tuple[Any, list[int], int, int | None] = (None, [], _ALL, None)
         # Decisions that spread a hot repeated prompt (the salt of its next one).
         self._repeats = 0
         #: The host's key log (``fastroute._core.keylog_py.KeyLog``), or None.
@@ -251,7 +276,7 @@ class PrefixPicker:
         not in the first decision (a full 4096-entry log takes a few ms)."""
         self.log = log
         if log is not None:
-            log.drain(self.hot, self.seen)
+            log.drain(self.hot, self.seen, self.wholes)
 
     def keys(
         self, prefix: bytes, key_hash: int, key_depth_bytes: int, prompt_tokens: int = 0
@@ -311,20 +336,22 @@ class PrefixPicker:
             integer), 0 for the bounded fallback and the cost spill.
         """
         if self.log is not None:
-            self.log.drain(self.hot, self.seen)
+            self.log.drain(self.hot, self.seen, self.wholes)
         keys = self.keys(
             request.prefix, request.key_hash, request.key_depth_bytes, request.prompt_tokens
         )
         route = (request.key_depth_bytes, request.key_hash)
         n_eligible = selector.tree_size(request.row, mask)
         candidates, upto, every_hot = self._candidates(keys, n_eligible, route)
-        repeat = None
-        if every_hot and request.key_depth_bytes != 0:  # a declared session keeps its home
-            repeat = self._repeat(request, keys, n_eligible)
-            upto = len(keys)
+        repeat, whole, turn = None, None, -1
+        if request.key_depth_bytes != 0:  # a declared session keeps its home
+            whole = self._request_whole_key(request, keys, every_hot)
+            if every_hot:
+                upto = len(keys)
+            repeat, turn = self._repeat(whole, len(request.prefix[: self.prefix_bytes]), n_eligible)
             if repeat is not None:
-                candidates = [repeat]
-        self._last = (request, [h for _, h in keys], upto)
+                candidates, upto = [repeat], len(keys)
+        self._last = (request, [h for _, h in keys], upto, whole)
         cold = self._cold(n_eligible)
         # The first candidate's home may exceed the bound by what staying there saves.
         home_saving = self._saving_tokens(keys, 0 if cold else candidates[0][0])
@@ -340,6 +367,10 @@ class PrefixPicker:
         )
         if not ranked:
             return ranked, "", -1, 0
+        if turn >= 0:
+            ranked = self._replica(
+                selector, request.row, candidates[0][1], turn, ranked, k, loads, mask
+            )
         bounded = used >= len(candidates)
         if bounded:
             reason, depth, saving = "bounded-spill", -1, 0.0
@@ -537,26 +568,65 @@ class PrefixPicker:
             chosen = [*chosen, deepest]
         return chosen, upto, every_hot
 
-    def _repeat(
-        self, request: Any, keys: list[tuple[int, int]], n_eligible: int
-    ) -> tuple[int, int] | None:
-        """Rule 1 when every key of ``request`` is hot: if its whole prompt is hot too (one
-        prompt sent by many, a load test, a fixed instruction), no deeper key can split
-        the group, and any engine caches the prompt for one prefill, so the request is
-        ranked by its whole key salted with this picker's count of such decisions: the
-        repeats spread by weight. ``(depth, salted key)``, else None. Appends the whole
-        key to ``keys`` when it is not their last, so that ``on_routed`` counts it."""
+    def _request_whole_key(self, request: Any, keys: list[tuple[int, int]], every_hot: bool) -> int:
+        """The request's whole key (:meth:`_whole_key`): a completion's deepest key, else
+        computed, and appended to ``keys`` when every key is hot, so that the share and
+        seen tables count it with them (rule 1: the whole key is the deepest group of a
+        request none of whose groups can split it)."""
         read = request.prefix[: self.prefix_bytes]
         if request.key_depth_bytes < 0 and len(read) >= self.block_bytes:
-            whole = keys[-1][1]  # already their last (keys)
-        else:
-            whole = self._whole_key(read, request.prompt_tokens, keys, request.key_depth_bytes)
+            return keys[-1][1]  # already their last (keys)
+        whole = self._whole_key(read, request.prompt_tokens, keys, request.key_depth_bytes)
+        if every_hot:
             keys.append((len(read), whole))
+        return whole
+
+    def _repeat(
+        self, whole: int, depth: int, n_eligible: int
+    ) -> tuple[tuple[int, int] | None, int]:
+        """Repeats spread (rule 1): when the whole prompt ``whole`` is hot in the whole
+        prompts' share table (one prompt sent by many: a load test, a fixed instruction), no
+        key can split its group and any engine caches it for one prefill, so it is given
+        ``r = ceil(share / (h / n))`` replicas, as many as keep each at most a hot group's
+        share, and the requests take them in turn (this picker's count of such decisions).
+        ``((depth, key), turn)``: the key ``whole`` and the turn among the first ``r`` of its
+        ranking (:meth:`_replica`); past :data:`WALK_CAP` replicas, the key salted with the
+        turn and -1 (``r`` salted homes: the walk would cost more than the few homes the
+        salts share save). ``(None, -1)`` when not hot."""
+        if n_eligible < 2 or self._cold(n_eligible):
+            return None, -1
+        if n_eligible > self._wholes_engines:
+            self._wholes_engines = n_eligible
+            self.wholes.set_half_life(REPEAT_HALF_LIFE_PER_ENGINE * n_eligible)
         enter = self.hot_share_factor / n_eligible
-        if not self.hot.is_hot(whole, enter, enter * HOT_LEAVE_RATIO):
-            return None
+        if not self.wholes.is_hot(whole, enter, enter * HOT_LEAVE_RATIO):
+            return None, -1
         self._repeats += 1
-        return len(read), whole ^ mix64(self._repeats)
+        replicas = max(1, min(n_eligible, math.ceil(self.wholes.share(whole) / enter)))
+        turn = self._repeats % replicas
+        if replicas > WALK_CAP:
+            return (depth, whole ^ mix64(1 + turn)), -1
+        return (depth, whole), turn
+
+    def _replica(
+        self,
+        selector: Any,
+        row: int,
+        whole: int,
+        turn: int,
+        ranked: list[int],
+        k: int,
+        loads: Any,
+        mask: np.ndarray,
+    ) -> list[int]:
+        """``ranked`` (the whole key's bounded ranking, at most ``k``) led by the engine at position
+        ``turn`` of the whole key's ranking when that one is within rule 2's bound."""
+        target = selector.tree_rank(whole, row, turn + 1, mask)[-1]
+        if target == ranked[0] or not selector.tree_within_bound(
+            target, row, loads, self.balance_factor, mask, 0
+        ):
+            return ranked
+        return [target, *(i for i in ranked if i != target)][:k]
 
     def on_routed(self, request: Any, engine_id: int = 0) -> None:
         """``request`` was sent to ``engine_id`` (0: not known): count it, one request,
@@ -567,8 +637,9 @@ class PrefixPicker:
         session (prompts of 10-26 k tokens, mostly cached) weighed like a popular group,
         went hot, and its later steps were routed by deeper keys, away from its cache.
         """
-        last, keys, upto = self._last
+        last, keys, upto, whole = self._last
         if last is not request:
+            whole = None
             keys = [
                 h
                 for _, h in self.keys(
@@ -578,12 +649,16 @@ class PrefixPicker:
             upto = _ALL
         self.hot.observe(keys[:upto], 1.0)
         self.seen.observe(keys, 1.0, engine_id)
+        self.wholes.observe(() if whole is None else (whole,), 1.0)  # every request counts
         if self.log is not None:
-            self.log.publish(keys, min(upto, len(keys)), engine_id)
+            self.log.publish(keys, min(upto, len(keys)), engine_id, whole)
 
     def reset(self) -> None:
         """Forget every observation."""
         self.hot.reset()
         self.seen.reset()
-        self._last = (None, [], _ALL)
+        self.wholes.reset()
+        self.wholes.set_half_life(REPEAT_HALF_LIFE_PER_ENGINE)
+        self._wholes_engines = 1
+        self._last = (None, [], _ALL, None)
         self._repeats = 0

@@ -36,20 +36,29 @@ Algorithm
        ranked by its routing key when that is one of its keys, else by its deepest key,
        so that a fresh worker spreads a prefix everybody shares instead of sending it all
        to the root's home (the share estimate observes the same keys as afterwards).
-       **Repeats spread.** When every key is hot, the request's whole key is counted with
-       them (for a chat, appended as its deepest), and once it is hot too (one prompt
-       sent by many: a load test, a fixed instruction template) the request is ranked by
-       the whole key salted with the worker's count of such decisions (reason
-       ``"repeat-spread"``), so the repeats cover the fleet by weight. No deeper key can
-       split such a group, every engine caches the prompt for one prefill, and with
-       nothing left to prefill its decodes are invisible to rule 2's load (five prompts
-       repeated, in the simulator: max/min engine load 5.1 -> 2.6 at 0.9 of capacity; at
-       3x with the shed 48.5 -> 52.6 req/s, round robin 51.0; docs/fleet-benchmark.md,
-       "Prompts sent again and again"). A new prompt is spread only once its share
-       crosses the threshold, after about 200 requests when it is all the traffic. A
-       session whose prompt grows is hot at every key but never at its whole key (the
-       token count changes), so it keeps its engine; a session id the client declared is
-       not spread.
+       **Repeats spread.** A request that is not a declared session has a whole key
+       (a chat's is counted with its depth keys, appended as the deepest, only when
+       every other key is hot). Whether a whole prompt is hot is told by a share table
+       of its own (``PrefixPicker.wholes``, the host's through the key log), in which
+       every routed request counts, with a half-life of ``16 n`` requests
+       (``REPEAT_HALF_LIFE_PER_ENGINE``; ``n`` the most eligible engines a decision
+       saw): a growing session never repeats its whole key, so the whole prompts need
+       no memory longer than the share's noise, while the depth keys' long memory is
+       what keeps a busy session whole (and it held a new prompt sent by many on one
+       home for its first ~490 requests). A hot whole prompt (one prompt sent by many:
+       a load test, a fixed instruction template) gets ``r = ceil(share / (h / n))``
+       replicas, as many as keep each at most a hot group's share: the first ``r``
+       engines of its whole key's ranking, taken in turn by the worker's count of such
+       decisions, each when within rule 2's bound (reason ``"repeat-spread"``); past
+       ``WALK_CAP`` = 64 replicas, ``r`` salted homes. No deeper key can split such a
+       group, every replica caches the prompt for one prefill, and with nothing left
+       to prefill its decodes are invisible to rule 2's load (five prompts repeated, in
+       the simulator at 3x nominal without the shed: 61.3 req/s before the spread, 70.9
+       with it, 76.1 with its own table and replicas, round robin's 76.1; on 16 engines
+       303 against round robin's 284 with a TTFT p99 of 1.4 s against 12 s;
+       docs/fleet-benchmark.md, "Prompts sent again and again"). A session whose prompt
+       grows is never hot at its whole key (the token count changes), so it keeps its
+       engine; a session id the client declared is not spread.
     2. **Load bound.** The load ``L_e`` of an engine is its **queued prompt tokens**: the
        prompts of the attempts in flight to it from this host (all workers: the shared
        stats block), and from the deployment's other proxies when ``proxy.peers`` lists
@@ -199,10 +208,15 @@ Tunables
         share estimate. Estimating a share near the threshold ``1/n`` to ±25 % needs about
         ``16 n`` requests, so 1024 serves fleets up to about 64 engines; set it to ``16 n``
         for larger ones. Requests of the host with the key log, of the worker without it.
-        Shorter reacts faster to shifts: a new prompt that is 44 % of a 4-engine fleet's
-        requests is hot after about 490 requests at 1024, and until then goes to one
-        home (at 256 the simulator's families are within −1.6 / +0.6 % and repeated
-        prompts spread sooner; docs/fleet-benchmark.md, "Prompts sent again and again").
+        It is also what keeps a busy session whole: an agent's steps come one after
+        another, a large share of a short window and a small one of a long window, and
+        at a shorter memory its keys turned hot and its steps were split off its cache
+        (simulator, the 32 family cells, 4 seeds, 4 engines: 32 / 64 / 128 / 256 cost
+        `agentic` 2.6–2.9 / 2.0–2.5 / 1.0–1.4 / 0–0.5 points of prefix hits and
+        multiplied its TTFT p99 by 1.8–1.9 / 1.7–1.8 / 1.3–1.4 / 1.0–1.1 at equal
+        goodput, every cell's goodput within −2.1 / +0.5 %; 16 engines, 2 seeds, 64 /
+        256: 3.8–4.3 / 0.5–0.6 points, 1.3–1.4 / 1.1). A new prompt sent by many does
+        not wait for it: its whole prompt has its own table (rule 1).
     ``affinity_slack`` : float >= 0, tokens of load per token saved; default 1.0. ``a``
         of rule 2: by how much of its saving the first home may exceed the bound. At 1 the
         bound yields exactly what staying saves, the exchange rate of rule 4 (a queued
@@ -253,9 +267,12 @@ Invariants
     the table.
 
 Cost per request
-    Hashing at most ``3 · prefix_bytes`` bytes (xxh3: the depths, and the whole key of a
-    completion prompt or of a request whose keys are all hot), one share lookup and (on routing)
-    two updates (shares, seen table) per depth key, and no loop over the engines: a
+    Hashing at most ``3 · prefix_bytes`` bytes (xxh3: the depths, and the whole key of
+    every request but a declared session's, which reuses the deepest depth's hash when that
+    depth is all of the bytes read), one share lookup and (on routing) two updates (shares,
+    seen table) per depth key, one lookup and one update of the whole prompts' table, and
+    no loop over the engines (a hot repeated prompt also walks its whole key's ranking to
+    its turn, at most ``WALK_CAP`` positions): a
     descent of the rendezvous trie per ranked engine (about
     ``16 · ceil(log16(n / 16)) + 16`` hashes: 50 at 10,000 engines), one more descent
     per further candidate tried and per over-bound engine the bounded fallback walks

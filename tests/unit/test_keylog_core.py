@@ -166,6 +166,35 @@ def test_imported_entries_are_observed_on_their_channel(impl: tuple[type, type, 
         importer.publish_imported([1], 1, 256)
 
 
+def test_a_whole_prompt_key_goes_to_the_whole_prompts_table_alone(
+    impl: tuple[type, type, type],
+) -> None:
+    """An entry published with a whole prompt key carries it last, marked ``WHOLE``: a
+    reader counts it in the whole prompts' table only (not in the share or seen table),
+    every request ticks that table's clock, and an export leaves it out (the whole
+    prompts' shares are the host's)."""
+    log_cls, hot_cls, _ = impl
+    buf = _log()
+    a, b = log_cls(buf, 1, 0), log_cls(buf, 2, 0)
+    a.publish([11, 12], 5, 7, whole=99)  # n_observe clipped to the two keys
+    a.publish([21], 1)  # no whole key (a declared session): counts in the clock alone
+    hot, seen = _tables(hot_cls)
+    wholes = hot_cls(1e9)
+    assert b.drain(hot, seen, wholes) == 2
+    assert hot.share(12) == pytest.approx(0.5) and hot.share(99) == 0.0
+    assert seen.share(99) == 0.0 and seen.engine(12) == 7 and len(seen) == 3
+    assert wholes.requests == 2 and wholes.share(99) == pytest.approx(0.5) and len(wholes) == 1
+    assert a.export(-1, 100) == (2, [(0, 2, [11, 12], 7), (0, 1, [21], 0)])
+    c = log_cls(buf, 3, 0)  # a reader without the table sees the keys alone
+    hot, seen = _tables(hot_cls)
+    assert c.drain(hot, seen) == 2 and len(seen) == 3
+    full = list(range(1, MAX_DEPTH_KEYS + 1))
+    a.publish(full, 1, whole=5)  # no room left: the whole key is dropped, not a key
+    hot, seen = _tables(hot_cls)
+    wholes = hot_cls(1e9)
+    assert b.drain(hot, seen, wholes) == 1 and len(seen) == MAX_DEPTH_KEYS and len(wholes) == 0
+
+
 # Defined only when the extension is built, so the pure-Python run has nothing to skip.
 if "cy" in LOGS:
 

@@ -101,7 +101,10 @@ if "cy" in PICKERS:
         for max_keys, half_life in [(16, 5.0), (64, 300.0), (1000, 1e9)]:
             py, cy = _core.HotKeysPy(half_life, max_keys), _core.HotKeysC(half_life, max_keys)
             universe = [int(x) for x in rng.integers(0, 2**64, size=200, dtype=np.uint64)]
-            for _ in range(3000):
+            for step in range(3000):
+                if step == 1500:  # a longer memory from now on (the whole prompts' table)
+                    py.set_half_life(4 * half_life)
+                    cy.set_half_life(4 * half_life)
                 keys = [universe[int(i)] for i in rng.zipf(1.5, size=rng.integers(1, 6)) % 200]
                 weight = float(rng.integers(1, 5000))
                 py.observe(keys, weight)

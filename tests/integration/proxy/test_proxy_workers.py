@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 from proxy_harness import MODEL, SHORT_OUTPUTS, Harness, chat_body, config_toml
 
+from fastroute._core.keylog_py import WHOLE
 from fastroute.emulator.server import EmulatedFleet, fleet_specs
 from fastroute.hashing import engine_id
 from fastroute.tables.key_log import KeyLogSegment, key_log_name
@@ -531,11 +532,15 @@ async def _per_worker(
 
 
 def _entry_keys(words: memoryview) -> list[tuple[int, ...]]:
-    """The keys of every entry of a key log (its words), in log order."""
+    """The engine and the keys of every entry of a key log (its words), in log order; not
+    an entry's whole prompt key (``WHOLE``), which stays on its host."""
     capacity, entry_words, head = words[2], words[3], words[4]
     keys = []
     for position in range(head):
         at = 8 + (position % capacity) * entry_words
-        n_keys = (words[at + 1] >> 40) & 0xFF
-        keys.append(tuple(words[at + 2 : at + 2 + n_keys]))
+        meta = words[at + 1]
+        n_keys = (meta >> 40) & 0xFF
+        if meta & WHOLE:
+            n_keys -= 1
+        keys.append((words[at + 2], *words[at + 3 : at + 3 + n_keys]))
     return keys

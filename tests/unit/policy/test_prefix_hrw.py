@@ -531,6 +531,56 @@ def test_a_prompt_sent_by_everybody_spreads_over_the_fleet(chat: bool) -> None:
     assert min(counts) > 0 and max(counts) <= 2 * len(chosen) / 8, counts
 
 
+def test_a_new_prompt_sent_by_many_spreads_long_before_its_groups_turn_hot() -> None:
+    """A prompt that starts to be half of the traffic is spread once its whole prompt's
+    share, with a half-life of 16 requests per engine, crosses ``h / n`` (about the 14th
+    time it is sent at n = 4), while its depth keys' share, with the default half-life of
+    1024 requests, is still far below it (before, the spread waited for them: about 200
+    requests). The first one hundred times it is sent, it goes to every engine."""
+    view = _view(4)
+    policy = _warmed(PrefixHRW(), view, requests=400)  # the shares' totals settled
+    prompt = _text(44, 2000)
+    chosen, first_spread, group_share = [], None, 1.0
+    for s in range(100):
+        request = _request(prompt, key=4343, tokens=500)
+        decision = policy.choose(request, view)
+        policy.on_routed(request, decision.engine_ids[0])
+        if decision.reason == "repeat-spread":
+            if first_spread is None:
+                first_spread, group_share = s, policy.hot.share(policy.keys(request)[0][1])
+            chosen.append(decision.chosen)
+        other = _request(_text(9000 + s, 700), key=9000 + s, tokens=175)
+        policy.on_routed(other, policy.choose(other, view).engine_ids[0])
+    assert first_spread is not None and 10 <= first_spread <= 20, first_spread
+    assert group_share < 0.125 / 2  # below even the share at which a hot group cools
+    assert len(set(chosen)) == 4 and max(chosen.count(i) for i in range(4)) <= len(chosen) / 2
+
+
+def test_a_repeated_prompt_gets_as_many_replicas_as_its_share_needs() -> None:
+    """A prompt sent by a fifth of the requests on 8 engines needs ``ceil(0.2 / (0.5 / 8))
+    = 4`` replicas for each to carry at most a hot group's share: its repeats take the
+    first four engines of its whole key's ranking in turn (not all eight: each replica
+    prefills it once), about equally."""
+    view = _view(8)
+    policy = _warmed(PrefixHRW(), view, requests=400)
+    prompt = _text(45, 2000)
+    chosen = []
+    for s in range(500):
+        if s % 5 == 0:
+            request = _request(prompt, key=4444, tokens=500)
+        else:
+            request = _request(_text(11000 + s, 700), key=11000 + s, tokens=175)
+        decision = policy.choose(request, view)
+        policy.on_routed(request, decision.engine_ids[0])
+        if decision.reason == "repeat-spread" and s >= 250:
+            chosen.append(decision.chosen)
+    whole = policy.keys(_request(prompt, key=4444, tokens=500))[-1][1]
+    replicas = view.selector.tree_rank(whole, 0, 5)
+    assert len(chosen) == 50 and set(chosen) <= set(replicas), (chosen, replicas)
+    counts = sorted(chosen.count(i) for i in set(chosen))
+    assert 3 <= len(counts) <= 5 and counts[-1] <= 2 * len(chosen) / len(counts), counts
+
+
 def test_a_hot_prefix_with_unique_tails_past_its_last_depth_spreads() -> None:
     """Completion prompts that share a 2 kB system prompt and differ only after it, below
     the next depth (2048 < length < 4096): every depth key is the system prompt's, hot.
