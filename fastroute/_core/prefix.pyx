@@ -398,10 +398,8 @@ cdef class KeyLog:
         cdef Py_ssize_t j, n = min(len(keys), <Py_ssize_t>_KEYS_CAP)
         for j in range(n):
             buf[j] = keys[j]
-        if whole is None or len(keys) >= _KEYS_CAP:
-            self._publish(buf, n, n_observe, engine_id)
-        else:
-            self._publish(buf, n, n_observe, engine_id, True, <uint64_t>whole)
+        self._publish(buf, n, n_observe, engine_id, whole is not None,
+                      0 if whole is None else <uint64_t>whole)
 
     def publish_imported(self, keys, Py_ssize_t n_observe, int channel, uint64_t engine_id=0):
         """Append an entry another proxy's log exported, marked imported (see the spec)."""
@@ -502,7 +500,7 @@ cdef class PrefixPicker:
     cdef readonly HotKeys wholes    # whole prompts' shares (repeats spread)
     cdef Py_ssize_t _wholes_engines # the most eligible engines a decision saw
     cdef RequestKeys _last          # keys of the last decided request
-    cdef uint64_t _repeats          # decisions that spread a hot repeated prompt
+    cdef uint64_t _repeats          # decisions that spread a hot repeated prompt (turns)
     cdef object _last_request       # held, so that its identity cannot be reused
     cdef readonly KeyLog log        # the host's other workers' keys, or None
 

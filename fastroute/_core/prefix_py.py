@@ -263,7 +263,7 @@ class PrefixPicker:
         # The last decided request, its key hashes, how many of them on_routed observes
         # and its whole key (None: not counted).
         self._last: tuple[Any, list[int], int, int | None] = (None, [], _ALL, None)
-        # Decisions that spread a hot repeated prompt (the salt of its next one).
+        # Decisions that spread a hot repeated prompt (the next one's turn among replicas).
         self._repeats = 0
         #: The host's key log (``fastroute._core.keylog_py.KeyLog``), or None.
         self.log: Any = None
