@@ -17,7 +17,7 @@ cdef extern from "atomics.h" nogil:
     void fr_store_release_u64(void *p, uint64_t v)
     int64_t fr_add_fetch_i64(void *p, int64_t delta)
     void fr_fence()
-from fastroute._core.selector cimport Selector, TreeState, _as_loads, _as_mask
+from fastroute._core.selector cimport Selector, TreeState, _as_loads, _as_mask, _mask_ptr
 from fastroute._core.selector_tree import WALK_CAP
 from fastroute._core.shm cimport AtomicBuffer
 
@@ -481,6 +481,14 @@ cdef struct RequestKeys:
     bint has_whole                  # whether on_routed counts it (a decided request's)
 
 
+cdef struct Candidates:
+    # The keys rules 1-2 try, in order (the spec's candidates), and a repeat's turn.
+    uint64_t keys[_CANDIDATES_CAP]
+    int64_t depths[_CANDIDATES_CAP]
+    Py_ssize_t n
+    Py_ssize_t turn                 # -2: not a repeat; -1: a salted home; else the turn
+
+
 @cython.final
 cdef class PrefixPicker:
     """The per-request work of ``prefix-hrw`` (compiled); same API and decisions as
@@ -650,32 +658,12 @@ cdef class PrefixPicker:
         self._fill_keys(request.prefix, request.key_hash, request.key_depth_bytes,
                         request.prompt_tokens, keys)
         cdef Py_ssize_t n = selector.n_engines, i
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
-        if available is not None:
-            mask = _as_mask(available, n)
-            if n:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, n)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         cdef const int64_t[:] load = _as_loads(loads, n)
         cdef TreeState tree = selector._tree_for(row, available, mask_ptr)
-        cdef Py_ssize_t chosen[_CANDIDATES_CAP]
-        cdef uint64_t candidate_keys[_CANDIDATES_CAP]
-        cdef int64_t candidate_depths[_CANDIDATES_CAP]
-        cdef bint every_hot, repeat = False
-        cdef Py_ssize_t length, turn = -2
-        cdef Py_ssize_t n_chosen = self._candidates(keys, tree.m, chosen, &every_hot)
-        for i in range(n_chosen):
-            candidate_keys[i] = keys.hashes[chosen[i]]
-            candidate_depths[i] = keys.depths[chosen[i]]
-        if request.key_depth_bytes != 0:  # a declared session keeps its home
-            length = self._request_whole_key(request, keys, every_hot)
-            if every_hot:
-                keys.n_observe = keys.n_keys
-            turn = self._repeat(keys.whole, length, tree.m, candidate_keys, candidate_depths)
-            repeat = turn > -2
-            if repeat:
-                n_chosen = 1
-                keys.n_observe = keys.n_keys
+        cdef Candidates c
+        self._rule_one(request, keys, tree.m, &c)
         self._last_request = request
         if k > tree.m:
             k = tree.m
@@ -691,32 +679,22 @@ cdef class PrefixPicker:
         cdef int64_t placed_depth = 0
         cdef bint cold = self._cold(tree.m), bounded
         # The first candidate's home may exceed the bound by what staying there saves.
-        cdef double home_saving = self._saving_tokens(keys, 0 if cold else candidate_depths[0])
+        cdef double home_saving = self._saving_tokens(keys, 0 if cold else c.depths[0])
         cdef double saving
-        cdef int64_t slack = <int64_t>(self.affinity_slack * home_saving), stall
         try:
-            m = selector._tree_rank_prefix_c(tree, candidate_keys, n_chosen, row, k, load,
-                                             self.balance_factor, out_idx, &used, slack)
-            if m > 0 and used > 0 and in_flight is not None and self.stall_weight > 0.0:
-                # still elsewhere: leaving also costs the decodes there (the spec's
-                # _bounded_rank)
-                stall = <int64_t>(self.stall_weight * home_saving
-                                  * <double>in_flight()[out_idx[0]])
-                if stall > 0:
-                    m = selector._tree_rank_prefix_c(tree, candidate_keys, n_chosen, row, k,
-                                                     load, self.balance_factor, out_idx,
-                                                     &used, slack + stall)
+            m = self._bounded_rank(selector, tree, &c, row, k, load, home_saving, in_flight,
+                                   out_idx, &used)
             if m == 0:
                 return [], "", -1, 0
-            if turn >= 0:
-                m = self._replica(selector, tree, keys.whole, turn, out_idx, m, k, row, load)
-            bounded = used >= n_chosen
+            if c.turn >= 0:
+                m = self._replica(selector, tree, keys.whole, c.turn, out_idx, m, k, row, load)
+            bounded = used >= c.n
             if bounded:
                 reason, depth, saving = "bounded-spill", -1, 0.0
             else:
-                depth = candidate_depths[used]
+                depth = c.depths[used]
                 reason = "prefix-home" if used == 0 else "prefix-spill"
-                if repeat:
+                if c.turn > -2:
                     reason = "repeat-spread"
                 elif len(request.prefix) < self.block_bytes:
                     reason = "no-prefix"
@@ -727,7 +705,7 @@ cdef class PrefixPicker:
                 if depth == 0 and request.key_depth_bytes == 0:
                     # the client's session: never cost-spilled
                     return [out_idx[i] for i in range(m)], reason, depth, <int64_t>saving
-            placed = self._last_placement(selector, tree, keys, candidate_depths[0],
+            placed = self._last_placement(selector, tree, keys, c.depths[0],
                                           out_idx[0], row, load, mask_ptr, &placed_depth)
             if placed >= 0:
                 # the spec's follow: the request's deepest seen prefix was last sent there
@@ -745,6 +723,46 @@ cdef class PrefixPicker:
         finally:
             if k > _SMALL_K:
                 free(out_idx)
+
+    cdef int _rule_one(self, object request, RequestKeys* keys, Py_ssize_t n_eligible,
+                       Candidates* c) except -1:
+        # Rule 1 (the spec's _candidates, then _repeat): the keys to try, into c.
+        cdef Py_ssize_t chosen[_CANDIDATES_CAP]
+        cdef Py_ssize_t i, length
+        cdef bint every_hot
+        c.n = self._candidates(keys, n_eligible, chosen, &every_hot)
+        c.turn = -2
+        for i in range(c.n):
+            c.keys[i] = keys.hashes[chosen[i]]
+            c.depths[i] = keys.depths[chosen[i]]
+        if request.key_depth_bytes == 0:  # a declared session keeps its home
+            return 0
+        length = self._request_whole_key(request, keys, every_hot)
+        if every_hot:
+            keys.n_observe = keys.n_keys
+        c.turn = self._repeat(keys.whole, length, n_eligible, c.keys, c.depths)
+        if c.turn > -2:
+            c.n = 1
+            keys.n_observe = keys.n_keys
+        return 0
+
+    cdef Py_ssize_t _bounded_rank(self, Selector selector, TreeState tree, const Candidates* c,
+                                  Py_ssize_t row, Py_ssize_t k, const int64_t[:] load,
+                                  double home_saving, object in_flight, Py_ssize_t* out_idx,
+                                  Py_ssize_t* used) except -1:
+        # The spec's _bounded_rank: rule 2's ranking into out_idx (its length returned),
+        # the first home's slack a * saving, plus the stall at t when still elsewhere.
+        cdef int64_t slack = <int64_t>(self.affinity_slack * home_saving), stall
+        cdef Py_ssize_t m = selector._tree_rank_prefix_c(tree, c.keys, c.n, row, k, load,
+                                                         self.balance_factor, out_idx, used,
+                                                         slack)
+        if m == 0 or used[0] == 0 or in_flight is None or self.stall_weight <= 0.0:
+            return m
+        stall = <int64_t>(self.stall_weight * home_saving * <double>in_flight()[out_idx[0]])
+        if stall <= 0:
+            return m
+        return selector._tree_rank_prefix_c(tree, c.keys, c.n, row, k, load,
+                                            self.balance_factor, out_idx, used, slack + stall)
 
     cdef Py_ssize_t _request_whole_key(self, object request, RequestKeys* keys,
                                        bint every_hot) except -1:

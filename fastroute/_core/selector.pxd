@@ -19,6 +19,7 @@ cdef class TreeState
 
 
 cdef const uint8_t[::1] _as_mask(object available, Py_ssize_t n)
+cdef const uint8_t* _mask_ptr(const uint8_t[::1] mask) noexcept
 cdef const int64_t[:] _as_loads(object loads, Py_ssize_t n)
 
 

@@ -43,13 +43,24 @@ cdef inline bint _before(double s, uint64_t sid, double t, uint64_t tid) noexcep
 
 
 cdef const uint8_t[::1] _as_mask(object available, Py_ssize_t n):
-    # The eligibility mask as bytes, without a copy for bool and uint8 arrays.
+    # The eligibility mask as bytes, without a copy for bool and uint8 arrays; None for
+    # None (every engine eligible).
+    if available is None:
+        return None
     if isinstance(available, np.ndarray) and available.dtype == np.bool_:
         available = available.view(np.uint8)
     cdef const uint8_t[::1] mask = available
     if mask.shape[0] != n:
         raise ValueError(f"available must have shape ({n},), got ({mask.shape[0]},)")
     return mask
+
+
+cdef const uint8_t* _mask_ptr(const uint8_t[::1] mask) noexcept:
+    # The mask's bytes, or NULL when there is none (None, or no engines): the C calls'
+    # "every engine eligible". The caller holds the memoryview while the pointer is used.
+    if mask is None or mask.shape[0] == 0:
+        return NULL
+    return &mask[0]
 
 
 cdef const int64_t[:] _as_loads(object loads, Py_ssize_t n):
@@ -140,12 +151,8 @@ cdef class Selector:
         """The table index of ``engine_id`` if it is eligible in ``row``, else -1 (see
         the spec)."""
         self._check_row(row)
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
-        if available is not None:
-            mask = _as_mask(available, self.n_engines)
-            if self.n_engines:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, self.n_engines)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         return self._eligible_index(engine_id, row, mask_ptr)
 
     cdef Py_ssize_t _pick(self, uint64_t key_hash, Py_ssize_t row,
@@ -210,7 +217,7 @@ cdef class Selector:
                                  object available) except -2:
         # Kept apart from pick() so the unmasked call carries no memoryview locals.
         cdef const uint8_t[::1] mask = _as_mask(available, self.n_engines)
-        return self._pick(key_hash, row, &mask[0] if self.n_engines else NULL)
+        return self._pick(key_hash, row, _mask_ptr(mask))
 
     def pick(self, uint64_t key_hash, Py_ssize_t row, available=None):
         """Return the engine index for ``key_hash`` in class ``row``, or -1 if none.
@@ -235,12 +242,8 @@ cdef class Selector:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self._check_row(row)
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
-        if available is not None:
-            mask = _as_mask(available, self.n_engines)
-            if self.n_engines:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, self.n_engines)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         if k > self.n_engines:
             k = self.n_engines
         if k == 0:
@@ -271,12 +274,8 @@ cdef class Selector:
         if not balance_factor >= 1.0:
             raise ValueError(f"balance_factor must be >= 1, got {balance_factor}")
         self._check_row(row)
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
-        if available is not None:
-            mask = _as_mask(available, self.n_engines)
-            if self.n_engines:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, self.n_engines)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         cdef const int64_t[:] load = _as_loads(loads, self.n_engines)
         cdef Py_ssize_t first = self._pick(key_hash, row, mask_ptr)
         if first < 0:
@@ -549,13 +548,9 @@ cdef class Selector:
 
     cdef object _rank_prefix(self, const uint64_t* keys, Py_ssize_t n_keys, Py_ssize_t row,
                              Py_ssize_t k, object loads, double c, object available):
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
         cdef Py_ssize_t n = self.n_engines
-        if available is not None:
-            mask = _as_mask(available, n)
-            if n:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, n)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         cdef const int64_t[:] load = _as_loads(loads, n)
         if k > n:
             k = n
@@ -590,12 +585,8 @@ cdef class Selector:
         of ``key_hash``; see the spec."""
         self._check_row(row)
         cdef Py_ssize_t n = self.n_engines
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
-        if available is not None:
-            mask = _as_mask(available, n)
-            if n:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, n)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         cdef const int64_t[:] load = _as_loads(loads, n)
         cdef LoadScan scan
         self._scan_rank(0, row, mask_ptr, load, 0, NULL, NULL, &scan)
@@ -798,12 +789,8 @@ cdef class Selector:
         self._check_row(row)
         if not 0 <= index < self.n_engines:
             raise IndexError(f"engine index {index} out of range for {self.n_engines}")
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
-        if available is not None:
-            mask = _as_mask(available, self.n_engines)
-            if self.n_engines:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, self.n_engines)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         cdef const int64_t[:] load = _as_loads(loads, self.n_engines)
         cdef TreeState t = self._tree_for(row, available, mask_ptr)
         return self._tree_within_bound(t, index, row, load, balance_factor, slack)
@@ -841,12 +828,8 @@ cdef class Selector:
     def tree_size(self, Py_ssize_t row, available=None):
         """How many engines of ``row`` are eligible (weight > 0, not masked out)."""
         self._check_row(row)
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
-        if available is not None:
-            mask = _as_mask(available, self.n_engines)
-            if self.n_engines:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, self.n_engines)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         return self._tree_for(row, available, mask_ptr).m
 
     def tree_rank(self, uint64_t key_hash, Py_ssize_t row, Py_ssize_t k, available=None):
@@ -854,12 +837,8 @@ cdef class Selector:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self._check_row(row)
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
-        if available is not None:
-            mask = _as_mask(available, self.n_engines)
-            if self.n_engines:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, self.n_engines)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         cdef TreeState t = self._tree_for(row, available, mask_ptr)
         if k > t.m:
             k = t.m
@@ -900,10 +879,8 @@ cdef class Selector:
         try:
             for j in range(n_keys):
                 keys[j] = key_hashes[j]
-            if available is not None:
-                mask = _as_mask(available, self.n_engines)
-                if self.n_engines:
-                    mask_ptr = &mask[0]
+            mask = _as_mask(available, self.n_engines)
+            mask_ptr = _mask_ptr(mask)
             load = _as_loads(loads, self.n_engines)
             t = self._tree_for(row, available, mask_ptr)
             k = min(k, max(t.m, 1))
@@ -922,12 +899,8 @@ cdef class Selector:
     def tree_least_loaded(self, uint64_t key_hash, Py_ssize_t row, loads, available=None):
         """The least live load among the load chunks' least-load engines; see the spec."""
         self._check_row(row)
-        cdef const uint8_t[::1] mask
-        cdef const uint8_t* mask_ptr = NULL
-        if available is not None:
-            mask = _as_mask(available, self.n_engines)
-            if self.n_engines:
-                mask_ptr = &mask[0]
+        cdef const uint8_t[::1] mask = _as_mask(available, self.n_engines)
+        cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         cdef const int64_t[:] load = _as_loads(loads, self.n_engines)
         cdef TreeState t = self._tree_for(row, available, mask_ptr)
         return self._tree_least_loaded(t, key_hash, row, load)

@@ -188,6 +188,20 @@ def test_a_stall_spec_is_its_family_spec_with_and_without_the_stall_price(family
     assert (without.policy, without.params) == ("prefix-hrw", {"stall_weight": 0.0})
 
 
+def test_the_prefix_bytes_spec_is_agentic_90_at_32_and_128_kb() -> None:
+    """The prefix_bytes runs (docs/fleet-benchmark.md "The TTFT p99 misses, request by
+    request") send agentic-90's requests to the default at 32 kB (its default) and 128 kB."""
+    base = load_spec(SPECS / "agentic-90.toml")
+    variant = load_spec(SPECS / "sensitivity" / "prefix-bytes-agentic-90.toml")
+    _assert_same_requests(base, variant)
+    assert variant.routers == ("pb32", "pb128")
+    runs = [variant.fastroute_variants[n] for n in variant.routers]
+    assert [(v.policy, v.params) for v in runs] == [
+        ("prefix-hrw", {"prefix_bytes": 32768}),
+        ("prefix-hrw", {"prefix_bytes": 131072}),
+    ]
+
+
 @pytest.mark.parametrize(
     ("family", "name", "load"), [("rag", "rag-400", 4.0), ("bursts", "bursts-250", 2.5)]
 )
