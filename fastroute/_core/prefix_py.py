@@ -348,7 +348,9 @@ class PrefixPicker:
             whole = self._request_whole_key(request, keys, every_hot)
             if every_hot:
                 upto = len(keys)
-            repeat, turn = self._repeat(whole, len(request.prefix[: self.prefix_bytes]), n_eligible)
+            repeat, turn = self._repeat(
+                whole, min(len(request.prefix), self.prefix_bytes), n_eligible
+            )
             if repeat is not None:
                 candidates, upto = [repeat], len(keys)
         self._last = (request, [h for _, h in keys], upto, whole)
