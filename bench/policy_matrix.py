@@ -14,7 +14,9 @@ seed. Per family it prints and writes (``<out>/<family>.md``) a markdown table, 
 per (policy, workers x proxies, load) averaged over the seeds: goodput (requests/s meeting
 both SLOs), TTFT p50/p99, TBOT p99, the engines' prefix-cache hit rate (cached / queried
 prompt tokens, engine side) and the max/min ratio of requests served per engine; every
-run's figures go to ``<out>/results.json``. Runs are sequential unless ``--jobs`` > 1.
+run's figures go to ``<out>/results.json``. With several routers it also writes
+``<out>/versus.md``: the first router against the best of the others, cell by cell
+(:func:`versus_table`). Runs are sequential unless ``--jobs`` > 1.
 """
 
 from __future__ import annotations
@@ -129,6 +131,69 @@ def family_table(rows: Sequence[dict[str, Any]]) -> str:
             f"| {_fmt(math.inf if math.inf in ratio else _mean(ratio))} |"
         )
     return "\n".join(lines)
+
+
+def versus_table(results: Sequence[dict[str, Any]], subject: str) -> str:
+    """Markdown table: per workers×proxies, policy ``subject`` against the best of the other
+    policies in each cell (family × load, seeds averaged).
+
+    Goodput is ``subject``'s over the best other's (geometric mean over the cells and the worst
+    cell), the cells where it is best (and within 1 % of the best), TTFT p99 is ``subject``'s
+    over the lowest other's. Cells without ``subject`` or without another policy are left out;
+    a cell where no policy served anything counts as a tie."""
+    means: dict[tuple[int, int], dict[tuple[str, float], dict[str, tuple[float, float]]]] = {}
+    groups: dict[tuple[int, int, str, float, str], list[dict[str, Any]]] = {}
+    for r in results:
+        key = (r["workers"], r["proxies"], r["family"], r["load"], r["policy"])
+        groups.setdefault(key, []).append(r)
+    for (workers, proxies, family, load, policy), rs in groups.items():
+        goodput = _mean([r["goodput_rps"] for r in rs]) or 0.0
+        p99 = _mean([r["ttft_p99_s"] for r in rs])
+        cells = means.setdefault((workers, proxies), {})
+        cells.setdefault((family, load), {})[policy] = (goodput, math.nan if p99 is None else p99)
+    lines = [
+        "| workers×proxies | cells | goodput / best other's, geometric mean "
+        "| worst cell | cells best (within 1 %) | TTFT p99 / best other's, geometric mean "
+        "| worst cell |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (workers, proxies), cells in sorted(means.items()):
+        gains: list[tuple[float, str]] = []
+        tails: list[tuple[float, str]] = []
+        for (family, load), by_policy in cells.items():
+            others = [v for p, v in by_policy.items() if p != subject]
+            if subject not in by_policy or not others:
+                continue
+            own_goodput, own_p99 = by_policy[subject]
+            best_goodput = max(g for g, _ in others)
+            ratio = own_goodput / best_goodput if best_goodput > 0 else 1.0
+            gains.append((ratio, f"{family} {load:g}"))
+            lowest_p99 = min((t for _, t in others if not math.isnan(t)), default=math.nan)
+            if lowest_p99 > 0 and not math.isnan(own_p99):
+                tails.append((own_p99 / lowest_p99, f"{family} {load:g}"))
+        if not gains:
+            continue
+        worst = min(gains)
+        lines.append(
+            f"| {workers}×{proxies} | {len(gains)} | {_geomean([g for g, _ in gains]):.3f} "
+            f"| {worst[0]:.3f} ({worst[1]}) | {sum(g >= 1.0 for g, _ in gains)} "
+            f"({sum(g >= 0.99 for g, _ in gains)}) | "
+            + (
+                f"{_geomean([t for t, _ in tails]):.2f} | {max(tails)[0]:.2f} ({max(tails)[1]}) |"
+                if tails
+                else "– | – |"
+            )
+        )
+    return "\n".join(lines)
+
+
+def _geomean(values: Sequence[float]) -> float:
+    """The geometric mean; 0 when a value is 0 (a router that served nothing in a cell)."""
+    if not values:
+        return math.nan
+    if min(values) <= 0.0:
+        return 0.0
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def build_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -281,6 +346,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = f"## {family}\n\n{table}\n"
         (args.out / f"{family}.md").write_text(text)
         print(text)
+    if len(args.routers) > 1:
+        text = f"## {cells[0]['label']} against the others\n\n" + versus_table(
+            results, cells[0]["label"]
+        )
+        (args.out / "versus.md").write_text(text + "\n")
+        print(text + "\n")
     summary = {"quick": args.quick, "runs": len(results), "wall_s": wall, "results": results}
     (args.out / "results.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"{len(results)} runs in {wall:.0f} s; results in {args.out}", file=sys.stderr)

@@ -200,10 +200,10 @@ Tunables
         valued at 8 k tokens. Simulator, as above: 16384 −0.4 % (`prefix-tree` 0.9 −3.1 %,
         TTFT p99 ×1.04), 65536 and 131072 +0.2 % (TTFT p99 ×0.99; `agentic` ×1.07 at
         most). Through the fleet, `agentic-90`, 131072: TTFT p99 1082 → 829 ms at seed 2
-        (its two slowest were cost spills of 12-18 k cached tokens valued at 8 k), 757 →
-        757 at seed 1 (docs/fleet-benchmark.md, "The TTFT p99 misses, request by
-        request"). One seed of two against the simulator's `agentic` cells: the cheaper
-        hash stays until more seeds decide.
+        (its two slowest were cost spills of 12-18 k cached tokens valued at 8 k), level
+        at seeds 1 and 3, 746 → 821 ms at seed 4 (docs/fleet-benchmark.md, "The TTFT p99
+        misses, request by request"); the simulator's `agentic`, 8 seeds, ×1.10 at 0.7,
+        ×1.00 at 0.9. No gain to pay for hashing four times as much of a long prompt.
     ``balance_factor`` : float >= 1, dimensionless; default 2.0. ``c`` of rule 2: how far
         above its LP share of the queued prompt tokens an engine may go. Tighter bounds
         spill conversations away from their cache on ordinary fluctuations (1.25 cost 8
