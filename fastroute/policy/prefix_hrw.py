@@ -253,7 +253,11 @@ Tunables
         `bursts` 2.5x 14.1 → 16.2, 4x 15.1 → 19.8. ``w`` = 0.03 / 0.3 / 1 give 17.9 / 19.4
         / 20.3 on `rag` 4x but cost `prefix-tree` 0.9 (4 seeds) 0.0 / −3.2 / −8.5 %
         (0.1: −1.2 % at 4 seeds, −1.0 % at 8), whose spills buy the TTFT it misses
-        (docs/fleet-benchmark.md, "The re-prefill's stall").
+        (docs/fleet-benchmark.md, "The re-prefill's stall"). On two real vLLM engines
+        with 32-token outputs at 1 s / 0.1 s (the formula's 0.31), 0.3 moved fewer
+        sessions off their cache and kept 1.1–2.1 points more prefix hits in every run
+        pair; its goodput there was not resolved (docs/real-engines.md, "Routers on real
+        engines").
     ``queued_floor_tokens`` : int >= 1, tokens; default 128. ``f`` of rule 2: the least
         prompt a queued attempt counts. What it stands for is the wait behind a queued
         request whose prompt is cached, on an engine whose slots are full: one running

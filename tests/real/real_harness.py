@@ -118,11 +118,20 @@ def start_vllm(
     cpu: str,
     extra_args: tuple[str, ...] = (),
     max_model_len: int = MAX_MODEL_LEN,
+    kv_cache_bytes: int | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Running:
     """Start ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` script fails here).
 
-    ``max_model_len`` bounds prompt + output tokens (the tiny model has 2048 positions).
+    ``max_model_len`` bounds prompt + output tokens (the tiny model has 2048 positions);
+    ``kv_cache_bytes`` sizes the KV cache (``--kv-cache-memory-bytes``; default
+    ``VLLM_CPU_KVCACHE_SPACE``'s 1 GiB, which would override it); ``extra_env`` adds to
+    :func:`vllm_env`.
     """
+    env = vllm_env(cpu) | (extra_env or {})
+    if kv_cache_bytes is not None:
+        del env["VLLM_CPU_KVCACHE_SPACE"]  # vLLM reads it as an int: absent, not empty
+        extra_args = (*extra_args, "--kv-cache-memory-bytes", str(kv_cache_bytes))
     port = free_port()
     log = log_dir / f"{name}.log"
     cmd = [
@@ -135,7 +144,7 @@ def start_vllm(
     with log.open("ab") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=vllm_env(cpu), start_new_session=True, cwd=log_dir,
+            env=env, start_new_session=True, cwd=log_dir,
         )  # fmt: skip
     return Running(proc, f"http://127.0.0.1:{port}", log)
 
