@@ -41,8 +41,8 @@ Reported per workload, router and repeat: goodput (share of requests with TTFT <
 p50 / p99, TBOT p99, the engines' own prefix-cache hit rate (``vllm:prefix_cache_hits_total``
 over ``vllm:prefix_cache_queries_total``, tokens), requests per engine (max / min of
 ``vllm:request_success_total``) and the router's CPU per request (utime + stime of its
-process session). Not a test: the numbers of docs/real-engines.md ("The default policy on
-real engines").
+process session). Not a test: the numbers of docs/real-engines.md ("Routers on real
+engines").
 """
 
 from __future__ import annotations
@@ -58,16 +58,19 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from fastroute.fleetbench.process import wait_http_ok
 from fastroute.fleetbench.procstat import session_cpu_s
 from fastroute.fleetbench.routers import expand_command, resolve_router
+from fastroute.fleetbench.scrape import EngineCounters, scrape_engines
+from fastroute.loadgen.summary import percentile
 from fastroute.testing.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,11 +91,6 @@ ROUTERS = (
     "sglang:cache_aware", "vllm-router:cache_aware",
 )  # fmt: skip
 _SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
-_COUNTERS = {
-    "vllm:prefix_cache_queries_total": "queries",
-    "vllm:prefix_cache_hits_total": "hits",
-    "vllm:request_success_total": "served",
-}
 
 
 def harness() -> ModuleType:
@@ -250,19 +248,14 @@ class Client:
         return outcome, "".join(parts)
 
 
-def engine_counters(url: str) -> dict[str, float]:
-    """The engine's prefix-cache query and hit tokens and its requests served."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out = dict.fromkeys(_COUNTERS.values(), 0.0)
-    for line in text.splitlines():
-        if line.startswith("#") or not line:
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name = _COUNTERS.get(name_labels.split("{", 1)[0])
-        if name:
-            out[name] += float(value)
-    return out
+def engine_counters(engines: list[Any]) -> list[EngineCounters]:
+    """Each engine's requests served and prefix-cache query and hit tokens (the fleet
+    benchmark's scrape)."""
+    pages = asyncio.run(scrape_engines({e.url: e.url for e in engines}, timeout_s=10.0))
+    missing = [url for url, page in pages.items() if page is None]
+    if missing:
+        raise RuntimeError(f"no /metrics from {missing}")
+    return [page for page in pages.values() if page is not None]
 
 
 def warm(url: str, model: str, words: Words, requests: int = 3) -> None:
@@ -293,14 +286,12 @@ def reset_prefix_cache(url: str, attempts: int = 20) -> None:
     raise RuntimeError(f"{url}: the prefix cache could not be reset")
 
 
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def summarize(outcomes: list[Outcome], before: list[dict], after: list[dict], args: Any) -> dict:
+def summarize(
+    outcomes: list[Outcome],
+    before: list[EngineCounters],
+    after: list[EngineCounters],
+    args: Any,
+) -> dict:
     """The run's figures (see the module docstring)."""
     good = [
         o for o in outcomes
@@ -308,19 +299,21 @@ def summarize(outcomes: list[Outcome], before: list[dict], after: list[dict], ar
         and (o.tokens < 2 or o.tbot_s <= args.tbot_slo_s)
     ]  # fmt: skip
     ok = [o for o in outcomes if not o.error]
-    delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
-    served = [d["served"] for d in delta]
-    queries = sum(d["queries"] for d in delta)
+    delta = [a.minus(b) for a, b in zip(after, before, strict=True)]
+    served = [d.requests for d in delta]
+    queries = sum(d.prefix_queries_tokens for d in delta)
+    hits = sum(d.prefix_hits_tokens for d in delta)
     return {
         "requests": len(outcomes),
         "errors": len(outcomes) - len(ok),
         "goodput": len(good) / len(outcomes) if outcomes else 0.0,
-        "ttft_p50_s": _quantile([o.ttft_s for o in ok], 0.5),
-        "ttft_p99_s": _quantile([o.ttft_s for o in ok], 0.99),
-        "tbot_p99_s": _quantile([o.tbot_s for o in ok if o.tokens > 1], 0.99),
-        "engine_prefix_hit_rate": sum(d["hits"] for d in delta) / queries if queries else None,
+        "ttft_p50_s": percentile([o.ttft_s for o in ok], 0.5),
+        "ttft_p99_s": percentile([o.ttft_s for o in ok], 0.99),
+        "tbot_p99_s": percentile([o.tbot_s for o in ok if o.tokens > 1], 0.99),
+        "engine_prefix_hit_rate": hits / queries if queries else None,
         "served_per_engine": served,
         "max_min_served": max(served) / min(served) if min(served) > 0 else None,
+        "error_kinds": dict(Counter(o.error.split(":", 1)[0] for o in outcomes if o.error)),
     }
 
 
@@ -371,26 +364,16 @@ def start_router(rh: ModuleType, name: str, engines: list[Any], run_dir: Path) -
 
 def wait_answers(rh: ModuleType, router: Any, timeout_s: float = 120.0) -> None:
     """Until a chat request through ``router`` answers 200 (every router's readiness)."""
-    body = json.dumps(
-        {"model": rh.MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "ready"}]}
-    ).encode()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if router.proc.poll() is not None:
-            raise RuntimeError(f"{router.log.name} exited:\n{rh.tail(router.log)}")
-        req = urllib.request.Request(
-            router.url + "/v1/chat/completions", data=body,
-            headers={"Content-Type": "application/json"},
+    ready = {"model": rh.MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "ready"}]}
+    try:
+        asyncio.run(
+            wait_http_ok(
+                router.url + "/v1/chat/completions", timeout_s=timeout_s, interval_s=0.5,
+                json_body=ready,
+            )
         )  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                if resp.status == 200:
-                    return
-        except (OSError, urllib.error.HTTPError):
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{router.log.name} not ready:\n{rh.tail(router.log)}")
-        time.sleep(0.5)
+    except TimeoutError as exc:
+        raise RuntimeError(f"{exc}\n{router.log.name}:\n{rh.tail(router.log)}") from None
 
 
 def run_once(
@@ -406,23 +389,17 @@ def run_once(
             list(pool.map(lambda e: warm(e.url, rh.MODEL, words), engines))
         for e in engines:
             reset_prefix_cache(e.url)
-        before = [engine_counters(e.url) for e in engines]
+        before = engine_counters(engines)
         cpu0 = session_cpu_s(router.proc.pid)
         client = Client(router.url, rh.MODEL)
         asyncio.run(client.run(conversations))
         cpu_s = session_cpu_s(router.proc.pid) - cpu0
         time.sleep(1.0)  # the engines' counters of the last requests
-        after = [engine_counters(e.url) for e in engines]
+        after = engine_counters(engines)
     finally:
         rh.stop([router])
     result = summarize(client.outcomes, before, after, args)
     result["router_cpu_ms_per_request"] = 1e3 * cpu_s / max(1, result["requests"])
-    errors: dict[str, int] = {}
-    for o in client.outcomes:
-        if o.error:
-            kind = o.error.split(":", 1)[0]
-            errors[kind] = errors.get(kind, 0) + 1
-    result["error_kinds"] = errors
     (run_dir / "outcomes.json").write_text(json.dumps([asdict(o) for o in client.outcomes]))
     return result
 
@@ -465,10 +442,10 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def tokens_per_word(url: str, words: Words) -> float:
+def tokens_per_word(url: str, model: str, words: Words) -> float:
     """The tokenizer's tokens per pseudo-word, from the engine's ``/tokenize``."""
     sample = words.text(2000)
-    body = json.dumps({"model": "tiny", "prompt": sample, "add_special_tokens": False}).encode()
+    body = json.dumps({"model": model, "prompt": sample, "add_special_tokens": False}).encode()
     req = urllib.request.Request(url + "/tokenize", data=body,
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(req, timeout=30) as resp:
@@ -525,7 +502,7 @@ def main() -> None:
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": {}}
     try:
         print(f"vLLM ready in {rh.wait_ready(engines, '/health'):.0f} s", file=sys.stderr)
-        tpw = tokens_per_word(engines[0].url, Words(random.Random(0)))
+        tpw = tokens_per_word(engines[0].url, rh.MODEL, Words(random.Random(0)))
         result["tokens_per_word"] = args.tokens_per_word = tpw
         result["load_average_before"] = os.getloadavg()[0]
         for workload, conversations in workloads(args, tpw).items():

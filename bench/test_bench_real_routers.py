@@ -16,6 +16,8 @@ from real_routers import (
     table,
 )
 
+from fastroute.fleetbench.scrape import EngineCounters
+
 
 def test_a_workload_is_the_same_replay_for_every_policy() -> None:
     def draw() -> list:
@@ -43,13 +45,18 @@ def test_the_figures_count_misses_and_the_engines_own_counters() -> None:
         Outcome(2, 0, ttft_s=0.3, tbot_s=0.2, tokens=32),  # TBOT miss
         Outcome(3, 0, error="APIConnectionError: x"),
     ]
-    before = [{"queries": 100.0, "hits": 10.0, "served": 5.0}] * 2
-    after = [
-        {"queries": 400.0, "hits": 160.0, "served": 8.0},
-        {"queries": 200.0, "hits": 10.0, "served": 6.0},
-    ]
+
+    def counters(requests: float, queries: float, hits: float) -> EngineCounters:
+        return EngineCounters(
+            requests=requests, prefix_queries_tokens=queries, prefix_hits_tokens=hits,
+            prompt_tokens=0.0, generation_tokens=0.0,
+        )  # fmt: skip
+
+    before = [counters(5.0, 100.0, 10.0)] * 2
+    after = [counters(8.0, 400.0, 160.0), counters(6.0, 200.0, 10.0)]
     got = summarize(outcomes, before, after, args)
     assert got["goodput"] == 0.25 and got["errors"] == 1
+    assert got["error_kinds"] == {"APIConnectionError": 1}
     assert got["engine_prefix_hit_rate"] == 150.0 / 400.0
     assert got["served_per_engine"] == [3.0, 1.0] and got["max_min_served"] == 3.0
     assert got["ttft_p50_s"] == 0.3
