@@ -10,6 +10,10 @@ with random in-flight token loads. Four prompt shapes:
 ``hot-overload``  as ``hot`` with every conversation's home over its load bound, so
                every candidate is ranked and the bounded fallback decides (worst case);
 ``idle``       as ``hot`` on an idle fleet (no tokens in flight).
+``mixed``      as ``hot`` on engines of two prefill speeds (every other one 2.5x slower:
+               ``prefill_cost``) with every home's queue longer than any saving, so that
+               every decision weighs the cost spill in prefill time, one pass over the
+               fleet (its worst case).
 
 Run::
 
@@ -43,7 +47,7 @@ from fastroute.policy import RouteRequest, StaticFleetView, make_policy
 from fastroute.policy.prefix_hrw import private_key_log
 
 PROMPT_BYTES = 16 * 1024
-SHAPES = ("unique", "hot", "hot-overload", "idle")
+SHAPES = ("unique", "hot", "hot-overload", "idle", "mixed")
 
 
 def _view(n: int, rng: np.random.Generator) -> StaticFleetView:
@@ -154,6 +158,9 @@ def main() -> None:
             elif shape == "idle":
                 view.token_loads[:] = 0
                 view.loads[:] = 0
+            elif shape == "mixed":
+                view.prefill_costs = np.where(np.arange(n) % 2, 2.5, 1.0)
+                view.token_loads[:] = rng.integers(20_000, 50_000, size=n)
             cpu: list[float] = []
             ours = _time(policy, view, requests, args.rounds, cpu)
             base = _time(make_policy("weighted-hrw"), view, requests, args.rounds)

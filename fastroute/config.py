@@ -289,7 +289,9 @@ class EngineConfig(_Section):
     capacity_rps : float
         Nominal capacity in requests per second at the typical request mix: the
         weight of capacity-proportional fallback routing and the controller's prior
-        until profiles are fitted. Only ratios between engines matter for fallback.
+        until profiles are fitted. Only ratios between engines matter for fallback,
+        and for the default policy's cost spill, which reads them as the engines'
+        relative prefill speeds (equal capacities: engines alike).
     max_concurrency : int, optional
         Cap on requests in flight to this engine from one proxy worker; unset means
         no proxy-side cap (the engine's own queue and 429s apply).

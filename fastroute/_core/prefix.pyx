@@ -5,7 +5,7 @@ cimport cython
 from cpython.buffer cimport PyBUF_READ
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.memoryview cimport PyMemoryView_FromMemory
-from libc.math cimport ceil, pow
+from libc.math cimport INFINITY, ceil, pow
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, qsort
 from libc.string cimport memcpy
@@ -21,6 +21,7 @@ from fastroute._core.selector cimport Selector, TreeState, _as_loads, _as_mask, 
 from fastroute._core.selector_tree import WALK_CAP
 from fastroute._core.shm cimport AtomicBuffer
 
+import numpy as np
 import xxhash
 
 from fastroute._core.keylog_py import (
@@ -438,6 +439,14 @@ cdef class KeyLog:
         return stop, entries
 
 
+cdef const double[:] _as_costs(object prefill_cost, Py_ssize_t n):
+    # Each engine's relative prefill time per token as float64 (a copy only if needed).
+    cdef const double[:] cost = np.ascontiguousarray(prefill_cost, dtype=np.float64)
+    if cost.shape[0] != n:
+        raise ValueError(f"prefill_cost must have shape ({n},), got ({cost.shape[0]},)")
+    return cost
+
+
 cdef inline uint64_t _whole_key(const RequestKeys* keys, Py_ssize_t n_keys,
                                 Py_ssize_t block_bytes, int64_t key_depth, const char* data,
                                 Py_ssize_t length, uint64_t prompt_tokens) except? 0:
@@ -643,10 +652,11 @@ cdef class PrefixPicker:
         return n_chosen
 
     def choose(self, Selector selector, request, available, loads, Py_ssize_t k,
-               in_flight=None):
+               in_flight=None, prefill_cost=None):
         """Decide ``request`` over ``available`` and ``loads`` (``in_flight``: a callable
         returning the requests in flight per engine, read only when the request would leave
-        its home): ``(ranked, reason, depth, cached_tokens)`` as the spec."""
+        its home; ``prefill_cost``: each engine's time per prefilled token relative to the
+        fastest's, or None): ``(ranked, reason, depth, cached_tokens)`` as the spec."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         cdef Py_ssize_t row = request.row
@@ -661,6 +671,9 @@ cdef class PrefixPicker:
         cdef const uint8_t[::1] mask = _as_mask(available, n)
         cdef const uint8_t* mask_ptr = _mask_ptr(mask)
         cdef const int64_t[:] load = _as_loads(loads, n)
+        cdef const double[:] cost = None
+        if prefill_cost is not None:
+            cost = _as_costs(prefill_cost, n)
         cdef TreeState tree = selector._tree_for(row, available, mask_ptr)
         cdef Candidates c
         self._rule_one(request, keys, tree.m, &c)
@@ -714,8 +727,12 @@ cdef class PrefixPicker:
                 saving = <double>placed_depth / self.bytes_per_token
             elif bounded:
                 return [out_idx[i] for i in range(m)], reason, depth, 0
-            least = self._cheaper_elsewhere(selector, tree, keys, saving, out_idx[0], row, load,
-                                            in_flight)
+            if cost is None:
+                least = self._cheaper_elsewhere(selector, tree, keys, saving, out_idx[0], row,
+                                                load, in_flight)
+            else:
+                least = self._cheaper_in_time(keys.hashes[keys.n_keys - 1], saving, out_idx[0],
+                                              load, mask_ptr, in_flight, cost)
             if least < 0:
                 return [out_idx[i] for i in range(m)], reason, depth, <int64_t>saving
             m = _move_to_front(out_idx, m, k, least)
@@ -885,6 +902,39 @@ cdef class PrefixPicker:
         if <double>(home_load - load[least]) <= (
                 saving_tokens + <double>load[least]
                 + self.stall_weight * saving_tokens * <double>stalled):
+            return -1  # nor for the decodes its re-prefill stalls there (the spec)
+        return least
+
+    cdef Py_ssize_t _cheaper_in_time(self, uint64_t key, double saving_tokens, Py_ssize_t home,
+                                     const int64_t[:] load, const uint8_t* mask,
+                                     object in_flight, const double[:] cost):
+        # The spec's _cheaper_in_time: the cost spill in prefill time, one pass over the
+        # eligible engines for t (the least (L_e + saving) * r_e, ties by mix64(key ^ e)).
+        cdef double home_s = <double>load[home] * cost[home], least_s = INFINITY, start_s
+        cdef double gain_s, rate
+        cdef uint64_t tie, least_tie = 0
+        cdef Py_ssize_t e, least = -1
+        cdef int64_t stalled
+        if home_s <= saving_tokens:
+            return -1  # no engine can start sooner by more than the saving
+        for e in range(load.shape[0]):
+            if mask[e] == 0 or e == home:
+                continue
+            start_s = (<double>load[e] + saving_tokens) * cost[e]
+            tie = mix64(key ^ <uint64_t>e)
+            if start_s < least_s or (start_s == least_s and tie < least_tie):
+                least, least_s, least_tie = e, start_s, tie
+        if least < 0:
+            return -1
+        rate = cost[least]
+        gain_s = home_s - <double>load[least] * rate
+        if gain_s <= (saving_tokens + <double>load[least]) * rate:
+            return -1  # the gain does not pay for the queue the request joins (the spec)
+        if in_flight is None or self.stall_weight <= 0.0 or saving_tokens <= 0.0:
+            return least
+        stalled = in_flight()[least]
+        if gain_s <= (saving_tokens + <double>load[least]
+                      + self.stall_weight * saving_tokens * <double>stalled) * rate:
             return -1  # nor for the decodes its re-prefill stalls there (the spec)
         return least
 

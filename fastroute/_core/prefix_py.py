@@ -320,11 +320,14 @@ class PrefixPicker:
         loads: Any,
         k: int,
         in_flight: Callable[[], Any] | None = None,
+        prefill_cost: Any = None,
     ) -> tuple[list[int], str, int, int]:
         """Decide ``request`` (a ``RouteRequest``) over ``mask`` (its row's eligible
         engines) and ``loads`` (int64 per engine); ``in_flight`` returns the requests in
         flight per engine (int64), called only when the request would leave its home (None:
-        none counted).
+        none counted); ``prefill_cost`` is each engine's time per prefilled token relative
+        to the fastest engine's (float64, every value >= 1), which the cost spill weighs
+        its terms by (None: all engines alike).
 
         Returns
         -------
@@ -397,9 +400,14 @@ class PrefixPicker:
             saving = placed_depth / self.bytes_per_token
         elif bounded:
             return ranked, reason, depth, 0
-        least = self._cheaper_elsewhere(
-            selector, request.row, keys, saving, ranked[0], loads, mask, in_flight
-        )
+        if prefill_cost is None:
+            least = self._cheaper_elsewhere(
+                selector, request.row, keys, saving, ranked[0], loads, mask, in_flight
+            )
+        else:
+            least = self._cheaper_in_time(
+                keys[-1][1], saving, ranked[0], loads, mask, in_flight, prefill_cost
+            )
         if least < 0:
             return ranked, reason, depth, int(saving)
         return [least, *(i for i in ranked if i != least)][:k], "cost-spill", -1, 0
@@ -470,6 +478,56 @@ class PrefixPicker:
         stalled = int(in_flight()[least])
         if home_load - target_load <= saving_tokens + target_load + (
             self.stall_weight * saving_tokens * stalled
+        ):
+            return -1  # nor for the decodes its re-prefill stalls there
+        return least
+
+    def _cheaper_in_time(
+        self,
+        key: int,
+        saving_tokens: float,
+        home: int,
+        loads: Any,
+        mask: np.ndarray,
+        in_flight: Callable[[], Any] | None,
+        prefill_cost: Any,
+    ) -> int:
+        """:meth:`_cheaper_elsewhere` on a fleet whose engines prefill at different speeds:
+        every term in prefill time, each engine's tokens times its ``r_e``
+        (``prefill_cost``, the fastest engine's token = 1). ``t`` is the eligible engine
+        other than the home where the request would start soonest, the least
+        ``(L_e + saving) · r_e`` (ties by the least ``mix64(key ^ e)``, ``key`` the deepest
+        key's hash); the request goes there iff
+        ``L_home · r_home - L_t · r_t > (saving + L_t + w · saving · n_t) · r_t``. With
+        every ``r_e = 1`` it is the same test as :meth:`_cheaper_elsewhere`; ``t`` is then
+        one of the least loaded engines, maybe another one than that method's.
+
+        One pass over the fleet (O(n)), only when the home's queue takes longer than the
+        saving's prefill on the fastest engine (no engine can be cheaper otherwise)."""
+        home_s = int(loads[home]) * float(prefill_cost[home])
+        if home_s <= saving_tokens:
+            return -1
+        least, least_s, least_tie = -1, math.inf, 0
+        for e in np.flatnonzero(mask):
+            e = int(e)
+            if e == home:
+                continue
+            start_s = (int(loads[e]) + saving_tokens) * float(prefill_cost[e])
+            tie = mix64(key ^ e)
+            if start_s < least_s or (start_s == least_s and tie < least_tie):
+                least, least_s, least_tie = e, start_s, tie
+        if least < 0:
+            return -1
+        target_load, rate = int(loads[least]), float(prefill_cost[least])
+        gain_s = home_s - target_load * rate
+        if gain_s <= (saving_tokens + target_load) * rate:
+            return -1  # the gain does not pay for the queue the request joins
+        if in_flight is None or self.stall_weight <= 0.0 or saving_tokens <= 0.0:
+            return least
+        stalled = int(in_flight()[least])
+        if (
+            gain_s
+            <= (saving_tokens + target_load + self.stall_weight * saving_tokens * stalled) * rate
         ):
             return -1  # nor for the decodes its re-prefill stalls there
         return least

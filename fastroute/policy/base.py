@@ -55,6 +55,7 @@ __all__ = [
     "check_k",
     "rendezvous_tail",
     "pick_min",
+    "prefill_cost_from_capacity",
     "rank_by_load",
 ]
 
@@ -198,6 +199,32 @@ class FleetView(Protocol):
         this view does not track them."""
         ...
 
+    def prefill_cost(self) -> np.ndarray | None:
+        """float64, shape (n_engines,): each engine's time per prefilled token relative
+        to the fastest engine's (every value >= 1, :func:`prefill_cost_from_capacity`), or
+        ``None`` when the engines are alike (or nothing tells them apart)."""
+        ...
+
+
+def prefill_cost_from_capacity(capacity_rps: Sequence[float] | np.ndarray) -> np.ndarray | None:
+    """Each engine's time per prefilled token relative to the fastest engine's, from the
+    engines' nominal capacities: ``max(capacity) / capacity_e`` (>= 1). None when every
+    capacity is equal (the engines are taken to be alike) or none is positive.
+
+    A capacity in requests per second at one request mix is work per second, so its
+    inverse is time per unit of that work. It stands for prefill time per token: exact
+    where prefill and decode scale alike between two engines, off by the ratio of their
+    compute to their memory bandwidth otherwise (an H100 against an L4: 8x the dense
+    FLOP/s, 11x the bandwidth). The engines of one class row serve one model, so what
+    their capacities differ by is the hardware.
+    """
+    capacity = np.asarray(capacity_rps, dtype=np.float64)
+    if capacity.size == 0 or not np.all(capacity > 0) or np.all(capacity == capacity[0]):
+        return None
+    cost = capacity.max() / capacity
+    cost.flags.writeable = False
+    return cost
+
 
 class StaticFleetView:
     """A concrete :class:`FleetView` over plain arrays, for the simulator and tests.
@@ -226,6 +253,9 @@ class StaticFleetView:
         Queued prompt tokens per engine of the other proxies (the proxy's
         ``EngineStats.peer_queued``), added to ``queued_loads`` by :meth:`queued_tokens`; None
         (the default): none.
+    prefill_costs : ndarray of float64 or None
+        What :meth:`prefill_cost` returns (:func:`prefill_cost_from_capacity`); None (the
+        default): the engines are alike.
     """
 
     def __init__(
@@ -251,6 +281,7 @@ class StaticFleetView:
         self.token_loads = np.zeros(n, dtype=np.int64)
         self.queued_loads: np.ndarray | None = None
         self.peer_queued: np.ndarray | None = None
+        self.prefill_costs: np.ndarray | None = None
         if available is not None:
             self.set_available(available)
 
@@ -300,6 +331,9 @@ class StaticFleetView:
         if queued is None or peers is None:
             return queued
         return queued + peers
+
+    def prefill_cost(self) -> np.ndarray | None:
+        return self.prefill_costs
 
 
 class Policy(abc.ABC):

@@ -160,6 +160,26 @@ Algorithm
        (`rag` at 4x nominal: 11.3 req/s of goodput, `cache-aware` 26.2; 16.8 with this
        stall priced; docs/fleet-benchmark.md, "The re-prefill's stall"). A session id the
        client declared is never cost-spilled.
+       **Engines of unequal speed.** Where the engines' configured capacities differ
+       (``FleetView.prefill_cost``: ``r_e``, each engine's time per prefilled token
+       relative to the fastest's, ``max(capacity_rps) / capacity_rps_e >= 1``), every term
+       of the spill is prefill time: ``t`` is the eligible engine other than the home
+       where the request would start soonest, the least ``(L_e + saving) · r_e`` (ties by
+       the deepest key's hash), and the request goes iff
+       ``L_home · r_home - L_t · r_t > (saving + L_t + w · saving · n_t) · r_t``. A token
+       queued on an L4 waits several times as long as one on an H100: counted in tokens,
+       a spill took a slow engine with a short queue over a fast one with a longer queue,
+       and a slow home's queue weighed as little as a fast one's (simulator, 4 seeds,
+       the eight families at 70 / 90 %: on 1 H100 + 1 A100 + 2 L4 goodput +1.5 % on the
+       geometric mean, `prefix-tree` +3.3 to +6.9 %, `mooncake` +2.7 to +6.6 %, TTFT p99
+       x0.58-0.99 outside `hot-prompt` (x1.01); on 2 H100 + 2 A40 +0.6 %; no cell lower;
+       docs/fleet-benchmark.md, "The cost spill in prefill time"). Rules 2 and 3 stay in
+       tokens: the bound compares shares of the queued work with the LP's weights, which
+       are shares of work. No tunable: the capacities are the operator's (the simulator's
+       are measured, and there within 10 % of the profiles' prefill-time ratios); with
+       equal ones the rule is the token rule above, decision for decision. Counting the
+       capacity ratio at its square root or its square (r^0.5, r^2) gives +1.5 / +2.6 %
+       against +1.7 % on the three-GPU fleet at 1 x 1, every cell at or above tokens.
 
 Why shallowest first
     The shallowest group is the largest set of requests sharing a prefix, so routing by
@@ -294,8 +314,10 @@ Cost per request
     past, one load chunk (256 engines) re-read and a memcmp of the n-byte eligibility
     mask against the cached tree's (the one O(n) step; a request that would leave its home
     also reads the view's in-flight counts, one O(n) copy in the proxy, and when the load
-    bound sends it away ranks the candidates a second time; rule 3 looks up one engine id
-    and sums the n/256 load chunks' totals), all in the compiled core
+    bound sends it away ranks the candidates a second time; on engines of unequal speed,
+    a request whose home's queue takes longer than its saving's prefill makes one pass
+    over the engines for the spill's target; rule 3 looks up one engine id and sums the
+    n/256 load chunks' totals), all in the compiled core
     (``fastroute/_core/prefix.pyx`` and ``selector.pyx``; their specs ``prefix_py.py``
     and ``selector_tree.py``). The trie is built once per table and eligibility mask
     (O(n log n): 0.02 ms at 100 engines, 0.2 ms at 1,000, 3 ms at 10,000), so a fleet whose
@@ -502,7 +524,13 @@ class PrefixHRW(Policy):
         check_k(k)
         loads = _prefill_loads(view)
         ranked, reason, depth, cached = self._picker.choose(
-            view.selector, request, view.eligible(request.row), loads, k, view.in_flight
+            view.selector,
+            request,
+            view.eligible(request.row),
+            loads,
+            k,
+            view.in_flight,
+            view.prefill_cost(),
         )
         if not ranked:
             return self._empty()

@@ -570,6 +570,7 @@ class Simulator:
                         engine_types=types,
                         policy_extra=self._policy_extra(i),
                         shared_loads=shared,
+                        capacity_rps=self.capacity,
                     )
                     workers.append(dp)
                     self.dataplanes.append(dp)

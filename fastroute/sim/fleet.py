@@ -23,6 +23,7 @@ from fastroute.guards.outlier import OutlierDetector
 from fastroute.guards.retry_budget import RetryBudget
 from fastroute.hardware import HardwareProfile
 from fastroute.policy import PairSelector, Policy, RouteRequest, make_policy
+from fastroute.policy.base import prefill_cost_from_capacity
 from fastroute.policy.key_exchange import KeyExchange
 from fastroute.policy.marginal import (
     EngineState,
@@ -284,6 +285,9 @@ class DataPlane:
     shared_loads : ProxyLoads, optional
         The counts shared with the other workers of the same proxy (default: this data
         plane's own).
+    capacity_rps : sequence of float, optional
+        Each engine's capacity, as the proxy's ``capacity_rps``: the views' prefill cost
+        (``prefill_cost_from_capacity``; default: the engines alike).
 
     Attributes
     ----------
@@ -306,8 +310,12 @@ class DataPlane:
         engine_types: list[int] | None = None,
         policy_extra: dict[str, Any] | None = None,
         shared_loads: ProxyLoads | None = None,
+        capacity_rps: Any = None,
     ) -> None:
         self.index = index
+        self.prefill_cost = (
+            None if capacity_rps is None else prefill_cost_from_capacity(capacity_rps)
+        )
         self.region = region
         self.config = config
         params = {**config.policy_params, **(policy_extra or {})}
@@ -379,6 +387,7 @@ class DataPlane:
     ) -> StaticEngineStateView:
         view = StaticEngineStateView(self.engine_ids, weights, type_names=self.type_names)
         view.state = self.state
+        view.prefill_costs = self.prefill_cost
         if self.config.load_view == "global-stale" and published_loads is not None:
             # Every data plane sees the same fleet-wide snapshot until the next table.
             view.loads = published_loads

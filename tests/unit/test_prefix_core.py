@@ -142,9 +142,10 @@ if "cy" in PICKERS:
         """choose and on_routed agree exactly on random fleets, masks, loads, in-flight
         counts and requests (including ties at the least load, many and few, over-bound
         homes, follow-ups of requests sent elsewhere than their home, to engines not in
-        the table, or to no known engine, and prompts repeated until they are hot)."""
+        the table, or to no known engine, prompts repeated until they are hot, and engines
+        of unequal prefill speed, with ties in their cost)."""
         rng = np.random.default_rng(5)
-        followed = spread = 0
+        followed = spread = timed_spills = 0
         for trial in range(12):
             n = int(rng.integers(1, 40))
             ids = [engine_id(f"p{trial}-{i}") for i in range(n)]
@@ -162,6 +163,12 @@ if "cy" in PICKERS:
             repeats = [shared[0][: int(rng.integers(100, 1500))], shared[1] + shared[2]]
             earlier: list[bytes] = []
             reasons: set[str] = set()
+            # Every other trial: engines of two to four speeds (ties in cost among them).
+            cost = None
+            if trial % 2:
+                speeds = rng.choice([1.0, 1.0, 2.5, 8.0][: int(rng.integers(2, 5))], size=n)
+                cost = np.asarray(speeds, dtype=np.float64)
+                cost[0] = 1.0
             for step in range(300):
                 mask = (rng.random(n) < 0.9).astype(np.uint8)
                 levels = 1 if trial % 4 == 0 else int(rng.integers(1, 30))  # many ties or few
@@ -173,12 +180,13 @@ if "cy" in PICKERS:
                 k = int(rng.integers(1, 10))
                 counts = rng.integers(0, 40, size=n).astype(np.int64)
                 in_flight = None if step % 5 == 0 else (lambda c=counts: c)
-                decision = py.choose(sel, request, mask, loads, k, in_flight)
-                assert decision == cy.choose(sel, request, mask, loads, k, in_flight), (
+                decision = py.choose(sel, request, mask, loads, k, in_flight, cost)
+                assert decision == cy.choose(sel, request, mask, loads, k, in_flight, cost), (
                     trial,
                     step,
                 )
                 reasons.add(decision[1])
+                timed_spills += cost is not None and decision[1] == "cost-spill"
                 routed = request if rng.random() < 0.9 else _scenario_request(rng, shared)
                 # where it went: mostly elsewhere than decided (retries, spills of another
                 # worker), sometimes an engine not in the table or not known
@@ -197,6 +205,7 @@ if "cy" in PICKERS:
             spread += "repeat-spread" in reasons
         assert followed >= 10  # the follow-ups exercised the last placement in most trials
         assert spread >= 10  # and the repeats went hot and were spread in most
+        assert timed_spills >= 50  # the cost spill in prefill time decided many
 
     def test_compiled_choose_wants_the_compiled_selector() -> None:
         sel = _core.SelectorPy([1, 2], [[1.0, 1.0]])

@@ -37,6 +37,7 @@ from fastroute._core import Selector
 from fastroute._core.selector_py import ZERO_WEIGHT_RATIO
 from fastroute.config import PRIORITIES, Config, EngineConfig
 from fastroute.hashing import class_key, engine_id
+from fastroute.policy.base import prefill_cost_from_capacity
 from fastroute.proxy.path.concurrency import ConcurrencyCaps
 from fastroute.proxy.path.drain import DrainMarks
 from fastroute.proxy.path.eligibility import Eligibility
@@ -159,6 +160,9 @@ class Fleet:
                     self._serves[row, i] = True
                     self._fallback[row, i] = e.capacity_rps
         self.stats = EngineStats(self.engine_ids, stats_block)
+        #: Each engine's time per prefilled token relative to the fastest's, from the
+        #: configured capacities (``prefill_cost_from_capacity``); None when they are equal.
+        self.prefill_cost = prefill_cost_from_capacity([e.capacity_rps for e in self.engines])
         ej = config.ejection
         self.outlier: CountingOutlierDetector = CountingOutlierDetector(
             self.stats,

@@ -66,6 +66,11 @@ class RequestView:
         proxies' when ``proxy.peers`` names them (``EngineStats.set_peer_queued``)."""
         return self._fleet.stats.queued_tokens()
 
+    def prefill_cost(self) -> np.ndarray | None:
+        """Each engine's time per prefilled token relative to the fastest's, from the
+        configured ``capacity_rps`` (``Fleet.prefill_cost``); None when they are equal."""
+        return self._fleet.prefill_cost
+
 
 class LoadView(RequestView):
     """A :class:`RequestView` that is also the ``marginal-cost`` policy's

@@ -349,6 +349,39 @@ def test_the_cost_spill_pays_for_the_decodes_its_re_prefill_stalls() -> None:
         make_policy("prefix-hrw", stall_weight=-0.1)
 
 
+def test_the_cost_spill_counts_prefill_time_on_engines_of_unequal_speed() -> None:
+    """With the engines' relative prefill times (``prefill_cost``: 1 the fastest) every
+    term of the spill is time: the target is where the request starts soonest, its queue
+    plus its re-prefill (1024 tokens) times the engine's cost, not the shortest queue in
+    tokens; and a slow home's queue weighs its cost."""
+    view, policy, request, home = _routed_once(PrefixHRW(balance_factor=100.0), 23)
+    slow, fast, other = ((home + j) % 4 for j in (1, 2, 3))
+    view.queued_loads[:] = 0
+    view.queued_loads[[home, fast, other]] = (5000, 1000, 9000)
+    # In tokens the empty slow engine is the least loaded: 5000 - 0 > 1024 + 0.
+    assert (policy.choose(request, view).chosen, policy.choose(request, view).reason) == (
+        slow,
+        "cost-spill",
+    )
+    costs = np.ones(4)
+    costs[[slow, other]] = 4.0
+    view.prefill_costs = costs
+    # In time it starts at (0 + 1024) * 4 = 4096 there, at (1000 + 1024) * 1 = 2024 on the
+    # fast one, which gains 5000 - 1000 = 4000 > 2024.
+    decision = policy.choose(request, view)
+    assert (decision.chosen, decision.reason) == (fast, "cost-spill")
+    # A slow home: 2000 queued tokens there take 8000; the fast engine's 2000 take 2000,
+    # 6000 less, more than (1024 + 2000) * 1. In tokens the two are level: no spill.
+    costs[:] = 1.0
+    costs[[home, slow]] = 4.0
+    view.queued_loads[[home, fast]] = (2000, 2000)
+    view.queued_loads[slow] = 9000
+    decision = policy.choose(request, view)
+    assert (decision.chosen, decision.reason) == (fast, "cost-spill")
+    view.prefill_costs = None
+    assert policy.choose(request, view).chosen == home
+
+
 def test_the_load_bound_yields_only_past_the_stall_its_spill_would_cause() -> None:
     """Leaving the first home over its bound re-prefills the saving (1024 tokens) where the
     bound sends the request, so the home's slack grows by that engine's stall, ``w · 1024 ·

@@ -317,3 +317,17 @@ def test_queued_prompt_tokens_are_released_once_per_attempt(small, monkeypatch, 
     for dp in sim.dataplanes:
         assert dp.queued_loads.tolist() == [0] * len(dp.queued_loads)
         assert dp.view.queued_tokens() is dp.queued_loads
+
+
+def test_data_planes_see_the_engines_prefill_cost_from_their_capacities(small):
+    """As the proxy derives it from ``capacity_rps``: the fastest engine 1, each other the
+    fastest's capacity over its own; engines of equal capacity are alike (None)."""
+    assert all(dp.view.prefill_cost() is None for dp in Simulator(small(), seed=1).dataplanes)
+    scenario = small(
+        engines=[
+            {"name": "eu-h100", "count": 2, "region": "eu", "capacity_rps": 20.0},
+            {"name": "us-h100", "count": 2, "region": "us", "capacity_rps": 5.0},
+        ]
+    )
+    for dp in Simulator(scenario, seed=1).dataplanes:
+        assert dp.view.prefill_cost().tolist() == [1.0, 1.0, 4.0, 4.0]

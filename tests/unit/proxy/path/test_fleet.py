@@ -57,6 +57,18 @@ def test_queued_tokens_last_until_the_prefill_is_done() -> None:
     assert view.queued_tokens().tolist() == [0, 0]
 
 
+def test_the_prefill_cost_is_the_fastest_engines_capacity_over_each_ones() -> None:
+    """Engines of equal capacity are alike (None: the policy's spill counts tokens);
+    otherwise each engine's time per prefilled token relative to the fastest's."""
+    fleet = Fleet(decode_config(_CONFIG, source="test.toml"))
+    view = fleet.view(fleet.eligibility.request_mask(frozenset({"default"}), None))
+    assert view.prefill_cost() is None
+    mixed = _CONFIG.replace("capacity_rps = 10.0", "capacity_rps = 40.0", 1)
+    fleet = Fleet(decode_config(mixed, source="test.toml"))
+    view = fleet.view(fleet.eligibility.request_mask(frozenset({"default"}), None))
+    assert view.prefill_cost().tolist() == [1.0, 4.0]
+
+
 def test_length_heuristic_in_the_proxy_weighs_long_prompts_by_tokens() -> None:
     """A long prompt goes to the engine with fewer prompt tokens in flight although it has
     more requests in flight; a short one to the engine with fewer requests."""
