@@ -15,7 +15,10 @@ from pathlib import Path
 
 from fastroute.fleetbench.process import free_port, kill_group
 
-__all__ = ["ETCD_MISSING", "EtcdCluster", "etcd_binary"]
+__all__ = ["ETCD_MISSING", "START_ATTEMPTS", "EtcdCluster", "etcd_binary"]
+
+#: Cluster starts :meth:`EtcdCluster.start` tries when a member finds its port taken.
+START_ATTEMPTS = 3
 
 ETCD_MISSING = (
     "etcd is not installed: run deploy/system_packages.sh (it installs Debian's etcd-server "
@@ -29,6 +32,10 @@ def etcd_binary() -> str:
     if path is None:
         raise RuntimeError(ETCD_MISSING)
     return path
+
+
+class _PortTaken(Exception):
+    """A member exited because its port was taken (its log's tail is the message)."""
 
 
 class EtcdCluster:
@@ -46,10 +53,14 @@ class EtcdCluster:
         self.binary = etcd_binary()
         self.root = root
         self.names = [f"m{i}" for i in range(n)]
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
+        self._pick_ports()
+
+    def _pick_ports(self) -> None:
+        n = len(self.names)
         self.client_ports = [free_port() for _ in range(n)]
         self.peer_ports = [free_port() for _ in range(n)]
         self.client_urls = [f"http://127.0.0.1:{p}" for p in self.client_ports]
-        self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
 
     def _args(self, i: int) -> list[str]:
         cluster = ",".join(
@@ -68,16 +79,43 @@ class EtcdCluster:
             "--heartbeat-interval", "50", "--election-timeout", "500",
         ]  # fmt: skip
 
-    def start(self, timeout_s: float = 30.0) -> EtcdCluster:
-        """Start every member and wait until each answers ``/health`` with ``true``."""
+    def start(self, timeout_s: float = 30.0, attempts: int = START_ATTEMPTS) -> EtcdCluster:
+        """Start every member and wait until each answers ``/health`` with ``true``.
+
+        A free port can be taken before its member binds it: the members started first
+        connect to the others' peer ports from ephemeral ports of the range ``free_port``
+        draws from. A member that exits on ``address already in use`` restarts the whole
+        cluster on fresh ports and empty data directories (the peer ports are in every
+        member's initial cluster), at most ``attempts`` times; any other exit, or no health
+        by ``timeout_s``, raises ``RuntimeError`` with the member's log.
+        """
+        for _ in range(attempts - 1):
+            try:
+                return self._start_once(timeout_s)
+            except _PortTaken:
+                self.stop()
+                for name in self.names:
+                    shutil.rmtree(self.root / name, ignore_errors=True)
+                self._pick_ports()
+        try:
+            return self._start_once(timeout_s)
+        except _PortTaken as taken:
+            self.stop()
+            raise RuntimeError(f"etcd ports taken on all {attempts} attempts:\n{taken}") from None
+
+    def _start_once(self, timeout_s: float) -> EtcdCluster:
         for i in range(len(self.names)):
             self.start_member(i)
         deadline = time.monotonic() + timeout_s
         for i in range(len(self.names)):
             while not self.healthy(i):
-                if time.monotonic() > deadline:
-                    self.stop()
+                proc = self.procs[i]
+                exited = proc is not None and proc.poll() is not None
+                if exited or time.monotonic() > deadline:
                     log = (self.root / f"{self.names[i]}.log").read_text()[-2000:]
+                    if exited and "address already in use" in log:
+                        raise _PortTaken(log)
+                    self.stop()
                     raise RuntimeError(f"etcd member {self.names[i]} not healthy:\n{log}")
                 time.sleep(0.1)
         return self
