@@ -886,24 +886,15 @@ cdef class PrefixPicker:
                                        Py_ssize_t home, Py_ssize_t row,
                                        const int64_t[:] load, object in_flight):
         # The spec's _cheaper_elsewhere, on the tree's load chunks.
-        cdef int64_t home_load, stalled
+        cdef int64_t home_load = load[home]
         cdef Py_ssize_t least
-        home_load = load[home]
         if <double>home_load <= saving_tokens:
             return -1
         least = selector._tree_least_loaded(tree, keys.hashes[keys.n_keys - 1], row, load)
         if least < 0 or least == home:
             return -1
-        if <double>(home_load - load[least]) <= saving_tokens + <double>load[least]:
-            return -1  # the gain does not pay for the queue the request joins (the spec)
-        if in_flight is None or self.stall_weight <= 0.0 or saving_tokens <= 0.0:
-            return least
-        stalled = in_flight()[least]
-        if <double>(home_load - load[least]) <= (
-                saving_tokens + <double>load[least]
-                + self.stall_weight * saving_tokens * <double>stalled):
-            return -1  # nor for the decodes its re-prefill stalls there (the spec)
-        return least
+        return self._spill_pays(least, <double>(home_load - load[least]), load[least], 1.0,
+                                saving_tokens, in_flight)
 
     cdef Py_ssize_t _cheaper_in_time(self, uint64_t key, double saving_tokens, Py_ssize_t home,
                                      const int64_t[:] load, const uint8_t* mask,
@@ -911,10 +902,9 @@ cdef class PrefixPicker:
         # The spec's _cheaper_in_time: the cost spill in prefill time, one pass over the
         # eligible engines for t (the least (L_e + saving) * r_e, ties by mix64(key ^ e)).
         cdef double home_s = <double>load[home] * cost[home], least_s = INFINITY, start_s
-        cdef double gain_s, rate
+        cdef double rate
         cdef uint64_t tie, least_tie = 0
         cdef Py_ssize_t e, least = -1
-        cdef int64_t stalled
         if home_s <= saving_tokens:
             return -1  # no engine can start sooner by more than the saving
         for e in range(load.shape[0]):
@@ -927,16 +917,23 @@ cdef class PrefixPicker:
         if least < 0:
             return -1
         rate = cost[least]
-        gain_s = home_s - <double>load[least] * rate
-        if gain_s <= (saving_tokens + <double>load[least]) * rate:
+        return self._spill_pays(least, home_s - <double>load[least] * rate, load[least], rate,
+                                saving_tokens, in_flight)
+
+    cdef Py_ssize_t _spill_pays(self, Py_ssize_t target, double gain, int64_t target_load,
+                                double rate, double saving_tokens, object in_flight):
+        # The spec's _spill_pays: target if the gain pays for the re-prefilled saving and the
+        # queue it joins, then for the decodes it stalls there (each times rate), else -1.
+        cdef int64_t stalled
+        if gain <= (saving_tokens + <double>target_load) * rate:
             return -1  # the gain does not pay for the queue the request joins (the spec)
         if in_flight is None or self.stall_weight <= 0.0 or saving_tokens <= 0.0:
-            return least
-        stalled = in_flight()[least]
-        if gain_s <= (saving_tokens + <double>load[least]
-                      + self.stall_weight * saving_tokens * <double>stalled) * rate:
+            return target
+        stalled = in_flight()[target]
+        if gain <= (saving_tokens + <double>target_load
+                    + self.stall_weight * saving_tokens * <double>stalled) * rate:
             return -1  # nor for the decodes its re-prefill stalls there (the spec)
-        return least
+        return target
 
     def on_routed(self, request, uint64_t engine_id=0):
         """``request`` was sent to ``engine_id`` (0: not known): count it, one request,

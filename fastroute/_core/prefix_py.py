@@ -471,16 +471,8 @@ class PrefixPicker:
         if least < 0 or least == home:
             return -1
         target_load = int(loads[least])
-        if home_load - target_load <= saving_tokens + target_load:
-            return -1  # the gain does not pay for the queue the request joins
-        if in_flight is None or self.stall_weight <= 0.0 or saving_tokens <= 0.0:
-            return least
-        stalled = int(in_flight()[least])
-        if home_load - target_load <= saving_tokens + target_load + (
-            self.stall_weight * saving_tokens * stalled
-        ):
-            return -1  # nor for the decodes its re-prefill stalls there
-        return least
+        gain = float(home_load - target_load)
+        return self._spill_pays(least, gain, target_load, 1.0, saving_tokens, in_flight)
 
     def _cheaper_in_time(
         self,
@@ -520,17 +512,33 @@ class PrefixPicker:
             return -1
         target_load, rate = int(loads[least]), float(prefill_cost[least])
         gain_s = home_s - target_load * rate
-        if gain_s <= (saving_tokens + target_load) * rate:
+        return self._spill_pays(least, gain_s, target_load, rate, saving_tokens, in_flight)
+
+    def _spill_pays(
+        self,
+        target: int,
+        gain: float,
+        target_load: int,
+        rate: float,
+        saving_tokens: float,
+        in_flight: Callable[[], Any] | None,
+    ) -> int:
+        """``target`` if leaving for it gains more than it costs, else -1: ``gain`` (the
+        home's queue less the target's, in the target's unit) against the re-prefilled
+        saving and the queue it joins, then also the decodes it stalls there, each times
+        ``rate`` (the target's prefill time per token; 1 in tokens). ``in_flight`` is read
+        only when the first test passes and the stall can count."""
+        if gain <= (saving_tokens + target_load) * rate:
             return -1  # the gain does not pay for the queue the request joins
         if in_flight is None or self.stall_weight <= 0.0 or saving_tokens <= 0.0:
-            return least
-        stalled = int(in_flight()[least])
+            return target
+        stalled = int(in_flight()[target])
         if (
-            gain_s
+            gain
             <= (saving_tokens + target_load + self.stall_weight * saving_tokens * stalled) * rate
         ):
             return -1  # nor for the decodes its re-prefill stalls there
-        return least
+        return target
 
     def _last_placement(
         self,
